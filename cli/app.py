@@ -1,0 +1,29 @@
+"""The typer application behind ``lakeshore``."""
+
+from __future__ import annotations
+
+import typer
+
+from .. import __version__
+
+app = typer.Typer(
+    name="lakeshore",
+    help="Lakeshore: a broker-mediated task queue for Python functions and shell commands.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"lakeshore {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Submit work, run workers and operate a Lakeshore plane."""

@@ -1,0 +1,74 @@
+"""Lakeshore: a broker-mediated task queue for Python functions and shell commands.
+
+::
+
+    import dreamlake.lakeshore as dls
+
+    @dls.udf(queue="fan-out-demo")
+    def square(x: int) -> int:
+        return x * x
+
+    dp = dls.Dispatch(":memory:")
+    inv = square.submit(3, _dispatch=dp)          # a durable invocation id
+    dls.run_worker(dls.SyncQueue("fan-out-demo", dispatch=dp), once=True)
+    dls.SyncQueue("fan-out-demo", dispatch=dp).result(inv)   # 9
+"""
+
+from __future__ import annotations
+
+from .config import configure
+from .dispatch import Dispatch
+from .errors import (
+    CancelledError,
+    ClientError,
+    Conflict,
+    ExpiredInvocation,
+    IdempotencyConflict,
+    InvalidRequest,
+    InvocationDead,
+    InvocationTimeout,
+    LakeshoreError,
+    LeaseLost,
+    PayloadTooLarge,
+    QueueMismatch,
+    QueueNotFound,
+    RemoteError,
+    SerializationError,
+    UnknownInvocation,
+)
+from .plane.model import RetryPolicy as Retry
+from .plane.model import State
+from .queue import Queue, SyncQueue
+from .udf import UDF, udf
+from .worker import run_worker
+
+__version__ = "0.4.0"
+
+__all__ = [
+    "UDF",
+    "CancelledError",
+    "ClientError",
+    "Conflict",
+    "Dispatch",
+    "ExpiredInvocation",
+    "IdempotencyConflict",
+    "InvalidRequest",
+    "InvocationDead",
+    "InvocationTimeout",
+    "LakeshoreError",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "Queue",
+    "QueueMismatch",
+    "QueueNotFound",
+    "RemoteError",
+    "Retry",
+    "SerializationError",
+    "State",
+    "SyncQueue",
+    "UnknownInvocation",
+    "__version__",
+    "configure",
+    "run_worker",
+    "udf",
+]

@@ -1,0 +1,98 @@
+"""Settings, each a typed field here, and the lazily built default Dispatch.
+
+Nothing is read from the environment at import; :func:`settings` reads it on first use.
+
+===================  ===========================================================
+``LAKESHORE_URL``    a remote plane's URL (``Dispatch()`` connects to it)
+``LAKESHORE_TOKEN``  the bearer token for that plane
+``LAKESHORE_HOME``   where the default local plane file lives
+                     (default ``$XDG_DATA_HOME/lakeshore``, i.e. ``~/.local/share/lakeshore``)
+===================  ===========================================================
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatch
+
+__all__ = ["Settings", "configure", "default_dispatch", "settings"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: submitting to a queue the plane does not know is an error (else it is created)
+    strict: bool = False
+    #: URL of a remote plane; None means the local plane file
+    url: str | None = None
+    #: bearer token for ``url``
+    token: str | None = None
+    #: folder of the default local plane file
+    home: Path = Path("~/.local/share/lakeshore")
+
+    @property
+    def default_plane_path(self) -> Path:
+        return self.home.expanduser() / "plane.db"
+
+
+_lock = threading.RLock()
+_settings: Settings | None = None
+_default: Dispatch | None = None
+
+
+def _from_env() -> Settings:
+    xdg = os.environ.get("XDG_DATA_HOME")
+    home = os.environ.get("LAKESHORE_HOME") or (
+        str(Path(xdg) / "lakeshore") if xdg else "~/.local/share/lakeshore"
+    )
+    return Settings(
+        url=os.environ.get("LAKESHORE_URL") or None,
+        token=os.environ.get("LAKESHORE_TOKEN") or None,
+        home=Path(home),
+    )
+
+
+def settings() -> Settings:
+    global _settings
+    with _lock:
+        if _settings is None:
+            _settings = _from_env()
+        return _settings
+
+
+def configure(*, dispatch: Dispatch | None = None, **changes: Any) -> Settings:
+    """Change settings for this process (``strict=True``, ``url=...``, ...).
+
+    ``dispatch=`` sets the Dispatch used where none is given. Changing ``url``,
+    ``token`` or ``home`` drops a default Dispatch built from the old values.
+    """
+    global _settings, _default
+    current = settings()
+    unknown = set(changes) - set(Settings.__dataclass_fields__)
+    if unknown:
+        raise TypeError(f"configure() got unknown settings: {', '.join(sorted(unknown))}")
+    if "home" in changes:
+        changes["home"] = Path(changes["home"])
+    with _lock:
+        _settings = replace(current, **changes)
+        if dispatch is not None:
+            _default = dispatch
+        elif {"url", "token", "home"} & set(changes):
+            _default = None
+        return _settings
+
+
+def default_dispatch() -> Dispatch:
+    """The Dispatch used when code names none: built from settings on first use."""
+    global _default
+    with _lock:
+        if _default is None:
+            from .dispatch import Dispatch
+
+            _default = Dispatch()
+        return _default

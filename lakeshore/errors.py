@@ -1,0 +1,172 @@
+"""One exception tree for the SDK, the plane and the wire.
+
+::
+
+    LakeshoreError                      every error Lakeshore raises on purpose
+    ├── ClientError                     the request itself is wrong (HTTP 4xx)
+    │   ├── InvalidRequest              400 malformed or wrong-typed input
+    │   ├── SerializationError          400 an argument or result cannot be pickled
+    │   ├── QueueNotFound               404 strict mode, or a queue removed under us
+    │   ├── UnknownInvocation           404 the plane never had this id
+    │   ├── Conflict                    409
+    │   │   ├── IdempotencyConflict     409 same id or key, different body
+    │   │   ├── QueueMismatch           409 the queue exists with other settings
+    │   │   └── LeaseLost               409 stale lease token: the answer is refused
+    │   ├── ExpiredInvocation           410 the id existed; its result passed retention
+    │   └── PayloadTooLarge             413
+    ├── RemoteError                     the function raised; its type could not be rebuilt
+    ├── InvocationDead                  its workers were lost more often than max_attempts
+    ├── InvocationTimeout               it ran past its per-invocation timeout
+    └── CancelledError                  the invocation was cancelled
+
+``result()`` raises the remote exception as its own type when it unpickles (with the
+remote traceback attached as ``remote_traceback`` and as a note), else ``RemoteError``.
+A wait that runs out raises the builtin ``TimeoutError`` and leaves the invocation be.
+
+Each class carries its wire ``code`` and HTTP ``status``; :data:`BY_CODE` is the one table
+that maps a wire code back to a class. Nothing maps errors by message text.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BY_CODE",
+    "CancelledError",
+    "ClientError",
+    "Conflict",
+    "ExpiredInvocation",
+    "IdempotencyConflict",
+    "InvocationDead",
+    "InvocationTimeout",
+    "InvalidRequest",
+    "LakeshoreError",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "QueueMismatch",
+    "QueueNotFound",
+    "RemoteError",
+    "SerializationError",
+    "UnknownInvocation",
+    "from_wire",
+]
+
+
+class LakeshoreError(Exception):
+    """Base of every error Lakeshore raises on purpose."""
+
+    #: stable identifier on the wire
+    code = "error"
+    #: HTTP status an adapter answers with
+    status = 500
+
+
+class ClientError(LakeshoreError):
+    code = "client_error"
+    status = 400
+
+
+class InvalidRequest(ClientError):
+    code = "invalid_request"
+    status = 400
+
+
+class SerializationError(ClientError):
+    code = "serialization"
+    status = 400
+
+
+class QueueNotFound(ClientError):
+    code = "queue_not_found"
+    status = 404
+
+
+class UnknownInvocation(ClientError):
+    code = "unknown_invocation"
+    status = 404
+
+
+class Conflict(ClientError):
+    code = "conflict"
+    status = 409
+
+
+class IdempotencyConflict(Conflict):
+    code = "idempotency_conflict"
+
+
+class QueueMismatch(Conflict):
+    code = "queue_mismatch"
+
+
+class LeaseLost(Conflict):
+    code = "lease_lost"
+
+
+class ExpiredInvocation(ClientError):
+    code = "expired"
+    status = 410
+
+
+class PayloadTooLarge(ClientError):
+    code = "payload_too_large"
+    status = 413
+
+
+class RemoteError(LakeshoreError):
+    """The remote function raised and its exception could not be rebuilt here.
+
+    ``type_name`` is the remote exception's qualified type, ``remote_traceback`` the
+    formatted remote traceback.
+    """
+
+    code = "remote_error"
+    status = 200
+
+    def __init__(self, message: str, *, type_name: str = "", remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{self.type_name}: {base}" if self.type_name else base
+
+
+class InvocationDead(LakeshoreError):
+    """Every attempt lost its worker (crash, kill, lease expiry) up to ``max_attempts``."""
+
+    code = "dead"
+    status = 200
+
+
+class InvocationTimeout(LakeshoreError):
+    """The invocation ran longer than its ``timeout`` and was stopped."""
+
+    code = "invocation_timeout"
+    status = 200
+
+
+class CancelledError(LakeshoreError):
+    """The invocation was cancelled before it produced a result."""
+
+    code = "cancelled"
+    status = 200
+
+
+def _subclasses(cls: type[LakeshoreError]) -> list[type[LakeshoreError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_subclasses(sub))
+    return out
+
+
+#: wire code → exception class, the one mapping used by every adapter and client
+BY_CODE: dict[str, type[LakeshoreError]] = {c.code: c for c in _subclasses(LakeshoreError)}
+
+
+def from_wire(code: str, message: str) -> LakeshoreError:
+    """Rebuild an error answered by a plane; unknown codes become ``LakeshoreError``."""
+    cls = BY_CODE.get(code, LakeshoreError)
+    if cls is RemoteError:
+        return RemoteError(message)
+    return cls(message)

@@ -1,0 +1,145 @@
+"""Wake-ups: claim waits and result watches without sleep-polling in one process.
+
+Writes made through this plane object notify at once. When the store is shared with
+other processes (a SQLite file), one poller thread per plane watches the store's change
+marker every ``poll_interval`` seconds while anybody waits, and wakes them on a change.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .model import FINISHED, Invocation
+from .store import Store
+
+__all__ = ["Changes"]
+
+Callback = Callable[[Invocation], None]
+
+
+class _Watch:
+    __slots__ = ("callback", "fired")
+
+    def __init__(self, callback: Callback) -> None:
+        self.callback = callback
+        self.fired = False
+
+
+class Changes:
+    def __init__(self, store: Store, *, poll_interval: float = 0.002) -> None:
+        self._store = store
+        self._poll_interval = poll_interval
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._waiters = 0
+        self._watches: dict[str, list[_Watch]] = defaultdict(list)
+        self._poller: threading.Thread | None = None
+        self._closed = False
+
+    # --- generic wake-ups --------------------------------------------------------
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def notify(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def wait(self, since: int, timeout: float) -> None:
+        """Block until something changed after generation ``since``, or ``timeout``."""
+        with self._cond:
+            if self._generation != since:
+                return
+            self._waiters += 1
+            self._ensure_poller()
+            try:
+                self._cond.wait_for(lambda: self._generation != since, timeout)
+            finally:
+                self._waiters -= 1
+
+    # --- result watches ------------------------------------------------------------
+    def watch(self, ids: Iterable[str], callback: Callback) -> Callable[[], None]:
+        entry = _Watch(callback)
+        ids = list(ids)
+        with self._cond:
+            for inv_id in ids:
+                self._watches[inv_id].append(entry)
+            self._ensure_poller()
+
+        def unwatch() -> None:
+            with self._cond:
+                for inv_id in ids:
+                    entries = self._watches.get(inv_id)
+                    if entries and entry in entries:
+                        entries.remove(entry)
+                        if not entries:
+                            del self._watches[inv_id]
+
+        return unwatch
+
+    def finished(self, records: Iterable[Invocation]) -> None:
+        """Deliver finished records to their watchers (each watch fires once)."""
+        due: list[tuple[_Watch, Invocation]] = []
+        with self._cond:
+            for rec in records:
+                if rec.state not in FINISHED:
+                    continue
+                for entry in self._watches.pop(rec.id, ()):
+                    if not entry.fired:
+                        entry.fired = True
+                        due.append((entry, rec))
+            self._generation += 1
+            self._cond.notify_all()
+        for entry, rec in due:
+            entry.callback(rec)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    # --- cross-process polling -------------------------------------------------------
+    def _ensure_poller(self) -> None:
+        if not self._store.shared or self._closed:
+            return
+        if self._poller is None or not self._poller.is_alive():
+            self._poller = threading.Thread(
+                target=self._poll, name="lakeshore-changes", daemon=True
+            )
+            self._poller.start()
+
+    def _busy(self) -> bool:
+        return not self._closed and (self._waiters > 0 or bool(self._watches))
+
+    def _poll(self) -> None:
+        marker = self._store.change_marker()
+        idle_rounds = 0
+        while True:
+            with self._cond:
+                if not self._busy():
+                    idle_rounds += 1
+                    if idle_rounds > 500 or self._closed:
+                        self._poller = None
+                        return
+                else:
+                    idle_rounds = 0
+                self._cond.wait(self._poll_interval)
+                watched = list(self._watches)
+            try:
+                now_marker = self._store.change_marker()
+            except Exception:  # the store was closed under us
+                return
+            if now_marker == marker:
+                continue
+            marker = now_marker
+            if watched:
+                self.finished(self._store_get_many(watched))
+            else:
+                self.notify()
+
+    def _store_get_many(self, ids: list[str]) -> list[Any]:
+        return [r for r in self._store.get_many(ids) if r.state in FINISHED]

@@ -1,0 +1,110 @@
+"""The store protocol: a few atomic primitives. Policy lives in :mod:`.core`.
+
+A store persists queue specs, invocation records and content-addressed blobs, and
+answers atomic questions. It never decides what a state transition means: the plane
+core computes every new field value and asks the store to write them *only if* the
+record still holds what the core read (a compare-and-set). A store that implements
+these primitives passes the conformance suite in ``tests/test_store_conformance.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from .model import Invocation, QueueSpec
+
+__all__ = ["Store"]
+
+
+class Store(Protocol):
+    #: another process may write to this store, so waits must poll for changes
+    shared: bool
+
+    # --- queues -------------------------------------------------------------
+    def put_queue(self, spec: QueueSpec, now: float) -> QueueSpec:
+        """Create the queue unless one of that name exists; return the stored spec."""
+        ...
+
+    def get_queue(self, name: str) -> QueueSpec | None: ...
+
+    def list_queues(self) -> list[tuple[QueueSpec, float]]:
+        """Every queue with its last activity time."""
+        ...
+
+    def replace_queue(self, spec: QueueSpec, now: float) -> bool:
+        """Overwrite an existing queue's settings; False if it does not exist."""
+        ...
+
+    def delete_queue(self, name: str) -> int:
+        """Remove the queue and all its invocations; return how many invocations went."""
+        ...
+
+    def touch_queue(self, name: str, now: float) -> None:
+        """Record activity on a queue (used for listing and pruning)."""
+        ...
+
+    # --- invocations --------------------------------------------------------
+    def insert(self, inv: Invocation) -> Invocation | None:
+        """Insert if no record has this id. Return the existing record otherwise."""
+        ...
+
+    def get(self, inv_id: str) -> Invocation | None: ...
+
+    def get_many(self, ids: Sequence[str]) -> list[Invocation]:
+        """The records that exist among ``ids`` (any order)."""
+        ...
+
+    def update_if(
+        self,
+        inv_id: str,
+        expect: Mapping[str, Any],
+        changes: Mapping[str, Any],
+        *,
+        running_below: int | None = None,
+    ) -> Invocation | None:
+        """Apply ``changes`` iff every field in ``expect`` equals its value now.
+
+        With ``running_below``, also only if fewer than that many invocations of the
+        record's queue are running. Returns the updated record, or None when a
+        condition failed (or the record does not exist). Atomic.
+        """
+        ...
+
+    def pending(self, queue: str, now: float, limit: int) -> list[Invocation]:
+        """Pending invocations of ``queue`` with ``available_at <= now``, by ``order_key``."""
+        ...
+
+    def next_available_at(self, queue: str) -> float | None:
+        """The earliest ``available_at`` among the queue's pending invocations."""
+        ...
+
+    def expired_leases(self, now: float, limit: int) -> list[Invocation]:
+        """Running invocations whose ``lease_expires_at`` has passed."""
+        ...
+
+    def counts(self, queue: str, now: float) -> dict[str, int]:
+        """Invocations of a queue by state; pending ones not yet due count as
+        ``scheduled``."""
+        ...
+
+    def purge(self, now: float, tombstone_until: float) -> int:
+        """Drop payload and result of records past ``expires_at``; delete records
+        whose ``expires_at`` is before ``tombstone_until``. Return records touched."""
+        ...
+
+    # --- blobs (content-addressed) --------------------------------------------
+    def put_blob(self, digest: str, data: bytes, now: float) -> None:
+        """Store ``data`` under its digest; a second put of the same digest is a no-op."""
+        ...
+
+    def get_blob(self, digest: str) -> bytes | None: ...
+
+    def has_blobs(self, digests: Iterable[str]) -> set[str]: ...
+
+    # --- change detection -------------------------------------------------------
+    def change_marker(self) -> int:
+        """A number that changes when another process commits (for polling waits)."""
+        ...
+
+    def close(self) -> None: ...

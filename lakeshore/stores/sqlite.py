@@ -1,0 +1,350 @@
+"""SQLite store: ``":memory:"`` for one process, a file for processes on one machine.
+
+Every primitive is one short transaction. Compare-and-set updates are a single
+``UPDATE … WHERE id = ? AND <expect> RETURNING *``, so two processes racing for the
+same invocation cannot both win. A file plane runs in WAL mode with a busy timeout;
+``durability="normal"`` (the default) survives a killed process, ``"full"`` also a
+power loss, at the price of an fsync per commit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Literal
+
+import msgpack
+
+from ..plane.model import Invocation, QueueSpec, RetryPolicy, State
+
+__all__ = ["SqliteStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS queues (
+    name TEXT PRIMARY KEY,
+    spec BLOB NOT NULL,
+    created_at REAL NOT NULL,
+    last_activity REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS invocations (
+    id TEXT PRIMARY KEY,
+    queue TEXT NOT NULL,
+    state TEXT NOT NULL,
+    payload BLOB,
+    request_digest TEXT NOT NULL,
+    order_key TEXT NOT NULL,
+    priority REAL NOT NULL,
+    available_at REAL NOT NULL,
+    created_at REAL NOT NULL,
+    max_attempts INTEGER NOT NULL,
+    timeout REAL,
+    retry BLOB,
+    attempt INTEGER NOT NULL,
+    lease_token TEXT,
+    lease_expires_at REAL,
+    worker TEXT,
+    started_at REAL,
+    finished_at REAL,
+    expires_at REAL,
+    result BLOB,
+    error BLOB
+);
+CREATE INDEX IF NOT EXISTS inv_pending ON invocations (queue, order_key)
+    WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS inv_leases ON invocations (lease_expires_at)
+    WHERE state = 'running';
+CREATE INDEX IF NOT EXISTS inv_running ON invocations (queue) WHERE state = 'running';
+CREATE INDEX IF NOT EXISTS inv_queue_state ON invocations (queue, state);
+CREATE INDEX IF NOT EXISTS inv_expires ON invocations (expires_at)
+    WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    data BLOB NOT NULL,
+    created_at REAL NOT NULL
+);
+"""
+
+_COLUMNS = [f.name for f in fields(Invocation)]
+_COLUMN_SET = frozenset(_COLUMNS)
+_SELECT = ", ".join(_COLUMNS)
+
+
+def _pack(value: Any) -> bytes:
+    out: bytes = msgpack.packb(value, use_bin_type=True)
+    return out
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False)
+
+
+def _to_column(name: str, value: Any) -> Any:
+    if name == "state":
+        return str(value)
+    if name == "retry":
+        return None if value is None else _pack(value.to_dict())
+    if name == "error":
+        return None if value is None else _pack(value)
+    return value
+
+
+def _from_row(row: Sequence[Any]) -> Invocation:
+    values = dict(zip(_COLUMNS, row, strict=True))
+    values["state"] = State(values["state"])
+    if values["retry"] is not None:
+        values["retry"] = RetryPolicy(**_unpack(values["retry"]))
+    if values["error"] is not None:
+        values["error"] = _unpack(values["error"])
+    return Invocation(**values)
+
+
+def _spec_to_blob(spec: QueueSpec) -> bytes:
+    return _pack(spec.settings())
+
+
+def _spec_from_blob(name: str, blob: bytes) -> QueueSpec:
+    return QueueSpec(name=name, **_unpack(blob))
+
+
+class SqliteStore:
+    """A :class:`~dreamlake.lakeshore.plane.store.Store` on the stdlib's sqlite3.
+
+    One connection per store object, guarded by a lock: SQLite serialises writers
+    anyway, and one connection keeps ``":memory:"`` a single database.
+    """
+
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        *,
+        durability: Literal["normal", "full"] = "normal",
+    ) -> None:
+        self.path = str(path)
+        self.shared = self.path != ":memory:"
+        if self.shared:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(
+            self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
+        if self.shared:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={durability.upper()}")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        with self._tx():
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    self._db.execute(stmt)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction, taken at once (no lock upgrades, no deadlocks)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    # --- queues -------------------------------------------------------------
+    def put_queue(self, spec: QueueSpec, now: float) -> QueueSpec:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO queues (name, spec, created_at, last_activity)"
+                " VALUES (?, ?, ?, ?)",
+                (spec.name, _spec_to_blob(spec), now, now),
+            )
+            row = db.execute("SELECT spec FROM queues WHERE name = ?", (spec.name,)).fetchone()
+        return _spec_from_blob(spec.name, row[0])
+
+    def get_queue(self, name: str) -> QueueSpec | None:
+        with self._lock:
+            row = self._db.execute("SELECT spec FROM queues WHERE name = ?", (name,)).fetchone()
+        return None if row is None else _spec_from_blob(name, row[0])
+
+    def list_queues(self) -> list[tuple[QueueSpec, float]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, spec, last_activity FROM queues ORDER BY name"
+            ).fetchall()
+        return [(_spec_from_blob(n, s), a) for n, s, a in rows]
+
+    def replace_queue(self, spec: QueueSpec, now: float) -> bool:
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE queues SET spec = ?, last_activity = ? WHERE name = ?",
+                (_spec_to_blob(spec), now, spec.name),
+            )
+        return cur.rowcount == 1
+
+    def delete_queue(self, name: str) -> int:
+        with self._tx() as db:
+            cur = db.execute("DELETE FROM invocations WHERE queue = ?", (name,))
+            db.execute("DELETE FROM queues WHERE name = ?", (name,))
+        return cur.rowcount
+
+    def touch_queue(self, name: str, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE queues SET last_activity = ? WHERE name = ? AND last_activity < ?",
+                (now, name, now),
+            )
+
+    # --- invocations --------------------------------------------------------
+    def insert(self, inv: Invocation) -> Invocation | None:
+        values = [_to_column(c, getattr(inv, c)) for c in _COLUMNS]
+        marks = ", ".join("?" * len(_COLUMNS))
+        with self._tx() as db:
+            cur = db.execute(
+                f"INSERT OR IGNORE INTO invocations ({_SELECT}) VALUES ({marks})", values
+            )
+            if cur.rowcount == 1:
+                db.execute(
+                    "UPDATE queues SET last_activity = ? WHERE name = ?", (inv.created_at, inv.queue)
+                )
+                return None
+            row = db.execute(f"SELECT {_SELECT} FROM invocations WHERE id = ?", (inv.id,)).fetchone()
+        return _from_row(row)
+
+    def get(self, inv_id: str) -> Invocation | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_SELECT} FROM invocations WHERE id = ?", (inv_id,)
+            ).fetchone()
+        return None if row is None else _from_row(row)
+
+    def get_many(self, ids: Sequence[str]) -> list[Invocation]:
+        out: list[Invocation] = []
+        ids = list(dict.fromkeys(ids))
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ", ".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT {_SELECT} FROM invocations WHERE id IN ({marks})", chunk
+                ).fetchall()
+                out.extend(_from_row(r) for r in rows)
+        return out
+
+    def update_if(
+        self,
+        inv_id: str,
+        expect: Mapping[str, Any],
+        changes: Mapping[str, Any],
+        *,
+        running_below: int | None = None,
+    ) -> Invocation | None:
+        unknown = (set(expect) | set(changes)) - _COLUMN_SET
+        if unknown:
+            raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
+        sets = ", ".join(f"{c} = ?" for c in changes)
+        params: list[Any] = [_to_column(c, v) for c, v in changes.items()]
+        where = ["id = ?"]
+        params.append(inv_id)
+        for c, v in expect.items():
+            if v is None:
+                where.append(f"{c} IS NULL")
+            else:
+                where.append(f"{c} = ?")
+                params.append(_to_column(c, v))
+        if running_below is not None:
+            where.append(
+                "(SELECT count(*) FROM invocations AS r"
+                " WHERE r.queue = invocations.queue AND r.state = 'running') < ?"
+            )
+            params.append(running_below)
+        sql = f"UPDATE invocations SET {sets} WHERE {' AND '.join(where)} RETURNING {_SELECT}"
+        with self._tx() as db:
+            row = db.execute(sql, params).fetchone()
+        return None if row is None else _from_row(row)
+
+    def pending(self, queue: str, now: float, limit: int) -> list[Invocation]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_SELECT} FROM invocations INDEXED BY inv_pending"
+                " WHERE queue = ? AND state = 'pending' AND available_at <= ?"
+                " ORDER BY order_key LIMIT ?",
+                (queue, now, limit),
+            ).fetchall()
+        return [_from_row(r) for r in rows]
+
+    def next_available_at(self, queue: str) -> float | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT min(available_at) FROM invocations WHERE queue = ? AND state = 'pending'",
+                (queue,),
+            ).fetchone()
+        return None if row is None else row[0]
+
+    def expired_leases(self, now: float, limit: int) -> list[Invocation]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_SELECT} FROM invocations INDEXED BY inv_leases"
+                " WHERE state = 'running' AND lease_expires_at < ?"
+                " ORDER BY lease_expires_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+        return [_from_row(r) for r in rows]
+
+    def counts(self, queue: str, now: float) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT CASE WHEN state = 'pending' AND available_at > ? THEN 'scheduled'"
+                " ELSE state END AS s, count(*) FROM invocations WHERE queue = ? GROUP BY s",
+                (now, queue),
+            ).fetchall()
+        return {s: n for s, n in rows}
+
+    def purge(self, now: float, tombstone_until: float) -> int:
+        with self._tx() as db:
+            gone = db.execute(
+                "DELETE FROM invocations WHERE expires_at < ?", (tombstone_until,)
+            ).rowcount
+            stripped = db.execute(
+                "UPDATE invocations SET payload = NULL, result = NULL"
+                " WHERE expires_at <= ? AND (payload IS NOT NULL OR result IS NOT NULL)",
+                (now,),
+            ).rowcount
+        return gone + stripped
+
+    # --- blobs ----------------------------------------------------------------
+    def put_blob(self, digest: str, data: bytes, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO blobs (digest, data, created_at) VALUES (?, ?, ?)",
+                (digest, data, now),
+            )
+
+    def get_blob(self, digest: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def has_blobs(self, digests: Iterable[str]) -> set[str]:
+        wanted = list(dict.fromkeys(digests))
+        found: set[str] = set()
+        with self._lock:
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                marks = ", ".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT digest FROM blobs WHERE digest IN ({marks})", chunk
+                ).fetchall()
+                found.update(r[0] for r in rows)
+        return found
+
+    # --- change detection ---------------------------------------------------------
+    def change_marker(self) -> int:
+        with self._lock:
+            row = self._db.execute("PRAGMA data_version").fetchone()
+        return int(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

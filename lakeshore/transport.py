@@ -1,0 +1,67 @@
+"""The seam between the SDK and a plane.
+
+:class:`Transport` is the small interface both implementations share: the embedded
+plane (:class:`~dreamlake.lakeshore.plane.Plane` itself, in this process) and the HTTP
+client of a remote plane. The SDK (queues, ``udf``, ``run_worker``) talks only to it,
+so everything above this line is tested end to end without a network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from .plane.model import Claim, HeartbeatAnswer, Invocation, QueueSpec, State, Submission
+
+__all__ = ["Transport"]
+
+
+class Transport(Protocol):
+    def now(self) -> float:
+        """The plane's clock (expiry is judged by it, not by the caller's)."""
+        ...
+
+    def ensure_queue(
+        self, spec: QueueSpec, *, create: bool = True, check: Iterable[str] = ()
+    ) -> QueueSpec: ...
+
+    def submit(self, subs: Sequence[Submission]) -> list[str]: ...
+
+    def get(self, inv_id: str) -> Invocation: ...
+
+    def get_many(self, ids: Sequence[str]) -> list[Invocation]: ...
+
+    def watch(
+        self, ids: Sequence[str], callback: Callable[[Invocation], None]
+    ) -> Callable[[], None]: ...
+
+    def cancel(self, inv_id: str) -> State: ...
+
+    def claim(
+        self,
+        queues: Sequence[str],
+        worker: str,
+        *,
+        limit: int = 1,
+        wait: float = 0.0,
+        lease_seconds: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[Claim]: ...
+
+    def heartbeat(
+        self, inv_id: str, lease_token: str, *, lease_seconds: float | None = None
+    ) -> HeartbeatAnswer: ...
+
+    def complete(self, inv_id: str, lease_token: str, result: bytes) -> None: ...
+
+    def fail(
+        self, inv_id: str, lease_token: str, error: dict[str, Any], *, retryable: bool = True
+    ) -> State: ...
+
+    def put_blob(self, digest: str, data: bytes) -> None: ...
+
+    def get_blob(self, digest: str) -> bytes: ...
+
+    def missing_blobs(self, digests: Iterable[str]) -> set[str]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,282 @@
+"""Versioned msgpack envelopes for payloads, results and errors.
+
+A payload is one of three kinds::
+
+    {"v": 1, "kind": "pickle", "fn": <sha256 of the function body>, "args": <cloudpickle
+     of (args, kwargs)>, "name": "square", "py": "3.11", "proto": 5}
+    {"v": 1, "kind": "ref", "target": "package.module:function", "args": [...],
+     "kwargs": {...}}                      # msgpack values only: any language can submit
+    {"v": 1, "kind": "exec", "cmd": "python train.py" | ["argv", ...], "env": {...},
+     "cwd": "dir" | None}
+
+A pickled function body is content-addressed: it travels once per plane as a blob
+named by its digest, and workers cache what they loaded by digest.
+
+A result is ``{"v": 1, "kind": "pickle" | "msgpack", "data": ...}``; ``ref`` calls answer
+in msgpack when the value allows it, so a curl producer can read them. An error is a
+plain dict: ``{"type", "message", "traceback", "pickled"}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import pickle
+import sys
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import msgpack
+
+from .errors import BY_CODE, InvalidRequest, LakeshoreError, RemoteError, SerializationError
+
+__all__ = [
+    "PICKLE_PROTOCOL",
+    "WIRE_VERSION",
+    "EncodedCall",
+    "decode_error",
+    "decode_payload",
+    "decode_result",
+    "encode_error",
+    "encode_exec",
+    "encode_pickle_call",
+    "encode_ref_call",
+    "encode_result",
+    "pack",
+    "unpack",
+]
+
+#: version of every envelope this module writes; readers refuse others
+WIRE_VERSION = 1
+#: cloudpickle protocol pinned on both sides (5 loads on every supported Python)
+PICKLE_PROTOCOL = 5
+#: decode limits so a small body cannot allocate gigabytes
+_MAX_BUFFER = 64 * 1024 * 1024
+
+_OWN_PREFIX = "dreamlake.lakeshore."
+#: Lakeshore's own error classes by name, for errors the plane itself records
+BY_CODE_NAME: dict[str, type[LakeshoreError]] = {
+    c.__name__: c for c in BY_CODE.values() if c is not RemoteError
+}
+
+PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def pack(obj: Any) -> bytes:
+    out: bytes = msgpack.packb(obj, use_bin_type=True)
+    return out
+
+
+def unpack(data: bytes) -> Any:
+    """Decode msgpack; malformed input is :class:`InvalidRequest`.
+
+    ``unpackb`` bounds every string, array and map by the input's own length, so a
+    small body cannot claim a huge allocation; the input itself is capped too.
+    """
+    if len(data) > _MAX_BUFFER:
+        raise InvalidRequest(f"body of {len(data)} bytes is over the {_MAX_BUFFER} byte limit")
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise InvalidRequest(f"malformed msgpack: {exc}") from None
+
+
+@dataclass(frozen=True)
+class EncodedCall:
+    """A payload ready to submit, plus the blobs it references (digest → bytes)."""
+
+    payload: bytes
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    #: keyword arguments, when the plane may read them (ref calls), else those the
+    #: caller chose to expose (the priority field of a priority queue)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _fn_name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
+
+
+def _pickle_args(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    try:
+        return bytes(cloudpickle.dumps((args, kwargs), protocol=PICKLE_PROTOCOL))
+    except Exception as exc:
+        # Find the argument to blame, by name where the signature gives one.
+        names: list[str] = []
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            params = []
+        for i, value in enumerate(args):
+            label = params[i] if i < len(params) else f"#{i}"
+            names.append(label)
+            try:
+                cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
+            except Exception as inner:
+                raise SerializationError(
+                    f"argument {label!r} of {_fn_name(fn)}() cannot be pickled: "
+                    f"{type(inner).__name__}: {inner}"
+                ) from inner
+        for key, value in kwargs.items():
+            try:
+                cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
+            except Exception as inner:
+                raise SerializationError(
+                    f"argument {key!r} of {_fn_name(fn)}() cannot be pickled: "
+                    f"{type(inner).__name__}: {inner}"
+                ) from inner
+        raise SerializationError(
+            f"arguments of {_fn_name(fn)}() cannot be pickled: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def pickle_function(fn: Any) -> bytes:
+    try:
+        return bytes(cloudpickle.dumps(fn, protocol=PICKLE_PROTOCOL))
+    except Exception as exc:
+        raise SerializationError(
+            f"function {_fn_name(fn)} cannot be pickled: {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def encode_pickle_call(
+    fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, body: bytes | None = None
+) -> EncodedCall:
+    """A ``pickle`` payload. ``body`` is the function's pickled bytes when cached."""
+    body = pickle_function(fn) if body is None else body
+    fn_digest = digest(body)
+    envelope = {
+        "v": WIRE_VERSION,
+        "kind": "pickle",
+        "fn": fn_digest,
+        "args": _pickle_args(fn, args, kwargs),
+        "name": _fn_name(fn),
+        "py": PY_VERSION,
+        "proto": PICKLE_PROTOCOL,
+    }
+    return EncodedCall(pack(envelope), {fn_digest: body}, {})
+
+
+def encode_ref_call(target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EncodedCall:
+    """A ``ref`` payload: ``"module:function"`` with msgpack arguments."""
+    module, sep, func = target.partition(":")
+    if not sep or not module or not func:
+        raise InvalidRequest(f"a ref target looks like 'package.module:function', not {target!r}")
+    try:
+        payload = pack(
+            {"v": WIRE_VERSION, "kind": "ref", "target": target, "args": list(args), "kwargs": kwargs}
+        )
+    except TypeError as exc:
+        raise SerializationError(
+            f"arguments of ref call {target} must be msgpack values: {exc}"
+        ) from exc
+    return EncodedCall(payload, {}, dict(kwargs))
+
+
+def encode_exec(cmd: str | list[str], env: dict[str, str] | None, cwd: str | None) -> EncodedCall:
+    """An ``exec`` payload: a shell command (str) or an argv (list)."""
+    if not cmd:
+        raise InvalidRequest("exec needs a command")
+    return EncodedCall(
+        pack({"v": WIRE_VERSION, "kind": "exec", "cmd": cmd, "env": env or {}, "cwd": cwd})
+    )
+
+
+_REQUIRED = {
+    "pickle": {"fn": str, "args": bytes},
+    "ref": {"target": str, "args": list, "kwargs": dict},
+    "exec": {"cmd": (str, list), "env": dict},
+}
+
+
+def decode_payload(data: bytes) -> dict[str, Any]:
+    """Decode and validate a payload envelope; raises :class:`InvalidRequest`."""
+    env = unpack(data)
+    if not isinstance(env, dict):
+        raise InvalidRequest("payload must be a map")
+    if env.get("v") != WIRE_VERSION:
+        raise InvalidRequest(f"payload wire version {env.get('v')!r} is not {WIRE_VERSION}")
+    kind = env.get("kind")
+    if kind not in _REQUIRED:
+        raise InvalidRequest(f"unknown payload kind {kind!r}")
+    for key, typ in _REQUIRED[kind].items():
+        if not isinstance(env.get(key), typ):
+            raise InvalidRequest(f"{kind} payload needs {key!r}")
+    return env
+
+
+def encode_result(value: Any, *, prefer_msgpack: bool = False) -> bytes:
+    """Encode a return value; raises :class:`SerializationError` if it cannot travel."""
+    if prefer_msgpack:
+        try:
+            return pack({"v": WIRE_VERSION, "kind": "msgpack", "data": value})
+        except (TypeError, ValueError, OverflowError):
+            pass
+    try:
+        data = cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
+    except Exception as exc:
+        raise SerializationError(
+            f"the return value ({type(value).__name__}) cannot be pickled: {exc}"
+        ) from exc
+    return pack({"v": WIRE_VERSION, "kind": "pickle", "data": data})
+
+
+def decode_result(data: bytes) -> Any:
+    env = unpack(data)
+    if not isinstance(env, dict) or env.get("v") != WIRE_VERSION:
+        raise InvalidRequest("result envelope has an unknown version")
+    if env.get("kind") == "msgpack":
+        return env.get("data")
+    if env.get("kind") == "pickle":
+        return pickle.loads(env["data"])
+    raise InvalidRequest(f"unknown result kind {env.get('kind')!r}")
+
+
+def encode_error(exc: BaseException) -> dict[str, Any]:
+    """Describe an exception for the plane; keep a pickle of it when one can be made."""
+    cls = type(exc)
+    try:
+        pickled: bytes | None = bytes(cloudpickle.dumps(exc, protocol=PICKLE_PROTOCOL))
+        pickle.loads(pickled)  # only keep what will load again
+    except Exception:
+        pickled = None
+    return {
+        "type": f"{cls.__module__}.{cls.__qualname__}",
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "pickled": pickled,
+    }
+
+
+def decode_error(error: dict[str, Any]) -> BaseException:
+    """Rebuild a remote exception as its own type, else as :class:`RemoteError`.
+
+    Either way the remote traceback text is on ``remote_traceback`` and in a note.
+    """
+    tb = str(error.get("traceback") or "")
+    type_name = str(error.get("type") or "")
+    message = str(error.get("message") or "")
+    exc: BaseException | None = None
+    blob = error.get("pickled")
+    if isinstance(blob, bytes):
+        try:
+            loaded = pickle.loads(blob)
+            if isinstance(loaded, BaseException):
+                exc = loaded
+        except Exception:
+            exc = None
+    if exc is None and type_name.startswith(_OWN_PREFIX):
+        own = BY_CODE_NAME.get(type_name[len(_OWN_PREFIX) :])
+        if own is not None:
+            exc = own(message)
+    if exc is None:
+        exc = RemoteError(message, type_name=type_name, remote_traceback=tb)
+    if tb:
+        exc.remote_traceback = tb  # type: ignore[attr-defined]
+        exc.add_note(f"Remote traceback:\n{tb.rstrip()}")
+    return exc

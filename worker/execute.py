@@ -1,0 +1,157 @@
+"""Run one claimed invocation: load its payload, call it, encode what happened.
+
+Nothing here talks to the plane except to fetch a function body by digest; the caller
+reports the :class:`Outcome`. Loading failures (a module missing on this worker, a
+Python or pickle protocol this worker cannot read) are not retried: they would fail
+the same way again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import os
+import pickle
+import subprocess
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequest, SerializationError
+from ..plane.model import Claim
+from ..transport import Transport
+from ..wire import PY_VERSION, decode_payload, encode_error, encode_result
+
+__all__ = ["Executor", "Outcome"]
+
+#: how many loaded functions a worker keeps, by digest
+_FN_CACHE = 256
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    result: bytes | None = None
+    error: dict[str, Any] | None = None
+    #: a raise may be retried by policy; a payload that cannot load may not
+    retryable: bool = True
+
+
+class _LoadError(Exception):
+    """The payload could not be turned into a call on this worker."""
+
+
+class Executor:
+    """Runs claims in the calling thread. Caches function bodies by digest."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._fns: OrderedDict[str, Callable[..., Any]] = OrderedDict()
+
+    def run(self, claim: Claim) -> Outcome:
+        try:
+            env = decode_payload(claim.payload)
+            call, prefer_msgpack = self._load(env)
+        except (_LoadError, InvalidRequest) as exc:
+            cause = exc.__cause__ if isinstance(exc, _LoadError) and exc.__cause__ else exc
+            error = encode_error(cause)
+            if isinstance(exc, _LoadError):
+                error["message"] = str(exc)
+            return Outcome(ok=False, error=error, retryable=False)
+        try:
+            value = call()
+            if inspect.isawaitable(value):
+                value = asyncio.run(_await(value))
+        except (Exception, SystemExit) as exc:  # a job calling sys.exit() must not end us
+            return Outcome(ok=False, error=encode_error(exc))
+        try:
+            return Outcome(ok=True, result=encode_result(value, prefer_msgpack=prefer_msgpack))
+        except SerializationError as exc:
+            return Outcome(ok=False, error=encode_error(exc), retryable=False)
+
+    # --- loading ---------------------------------------------------------------
+    def _load(self, env: dict[str, Any]) -> tuple[Callable[[], Any], bool]:
+        kind = env["kind"]
+        if kind == "pickle":
+            fn = self._function(env)
+            try:
+                args, kwargs = pickle.loads(env["args"])
+            except Exception as exc:
+                raise _LoadError(self._load_message("its arguments", env, exc)) from exc
+            return (lambda: fn(*args, **kwargs)), False
+        if kind == "ref":
+            target = _resolve(env["target"])
+            args, kwargs = env["args"], env["kwargs"]
+            return (lambda: target(*args, **kwargs)), True
+        return (lambda: _run_exec(env)), True
+
+    def _function(self, env: dict[str, Any]) -> Callable[..., Any]:
+        digest = env["fn"]
+        fn = self._fns.get(digest)
+        if fn is not None:
+            self._fns.move_to_end(digest)
+            return fn
+        try:
+            body = self._transport.get_blob(digest)
+        except Exception as exc:
+            raise _LoadError(f"function body {digest[:12]}… is not on the plane: {exc}") from exc
+        try:
+            fn = pickle.loads(body)
+        except Exception as exc:
+            raise _LoadError(self._load_message(f"function {env.get('name')}", env, exc)) from exc
+        if not callable(fn):
+            raise _LoadError(f"payload function {env.get('name')} is not callable")
+        self._fns[digest] = fn
+        if len(self._fns) > _FN_CACHE:
+            self._fns.popitem(last=False)
+        return fn
+
+    @staticmethod
+    def _load_message(what: str, env: dict[str, Any], exc: BaseException) -> str:
+        msg = f"cannot load {what} on this worker: {type(exc).__name__}: {exc}"
+        producer = env.get("py")
+        if producer and producer != PY_VERSION:
+            msg += (
+                f" (producer Python {producer}, pickle protocol {env.get('proto')}; "
+                f"worker Python {PY_VERSION}: submit by reference, 'module:function', "
+                "to cross versions)"
+            )
+        return msg
+
+
+async def _await(value: Any) -> Any:
+    return await value
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module_name, _, attr_path = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr_path.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:
+        raise _LoadError(f"cannot load {target} on this worker: {type(exc).__name__}: {exc}") from exc
+    if not callable(obj):
+        raise _LoadError(f"{target} is not callable")
+    fn: Callable[..., Any] = obj
+    return fn
+
+
+def _run_exec(env: dict[str, Any]) -> dict[str, Any]:
+    """Run a shell command (str) or argv (list); raise CalledProcessError on non-zero."""
+    cmd = env["cmd"]
+    proc = subprocess.run(
+        cmd,
+        shell=isinstance(cmd, str),
+        env={**os.environ, **{str(k): str(v) for k, v in env["env"].items()}},
+        cwd=env.get("cwd") or None,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
+    return {"exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+

@@ -1,0 +1,126 @@
+"""``run_worker``: claim, run and report in this thread, heartbeating leases meanwhile.
+
+This is the in-thread form (tests, notebooks, the seed examples). It claims one
+invocation at a time, so a job that blocks blocks this worker only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable, Sequence
+
+from ..dispatch import Dispatch
+from ..errors import LeaseLost, UnknownInvocation
+from ..plane.model import Claim
+from ..queue import _QueueHandle
+from ..transport import Transport
+from .execute import Executor
+
+__all__ = ["run_worker"]
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident():x}"
+
+
+class _Heartbeat:
+    """Extends the lease of the job in hand every third of the lease."""
+
+    def __init__(self, transport: Transport, lease_seconds: float) -> None:
+        self._transport = transport
+        self._interval = max(0.05, lease_seconds / 3)
+        self._lease_seconds = lease_seconds
+        self._claim: Claim | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.cancelled = False
+        self._thread = threading.Thread(target=self._run, name="lakeshore-heartbeat", daemon=True)
+        self._thread.start()
+
+    def hold(self, claim: Claim | None) -> None:
+        with self._lock:
+            self._claim = claim
+            self.cancelled = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            with self._lock:
+                claim = self._claim
+            if claim is None:
+                continue
+            try:
+                answer = self._transport.heartbeat(
+                    claim.id, claim.lease_token, lease_seconds=self._lease_seconds
+                )
+            except Exception:
+                continue  # the next beat tries again; the lease has slack
+            if answer.cancel or not answer.ok:
+                with self._lock:
+                    if self._claim is claim:
+                        self.cancelled = True
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def run_worker(
+    queue: _QueueHandle | Sequence[_QueueHandle],
+    *,
+    stop: Callable[[], bool] | None = None,
+    once: bool = False,
+    dispatch: Dispatch | None = None,
+    worker_id: str | None = None,
+    lease_seconds: float = 60.0,
+    poll: float = 0.25,
+) -> int:
+    """Run invocations of ``queue`` in this thread; return how many ran.
+
+    Loops until ``stop()`` returns true (checked at least every ``poll`` seconds while
+    idle, and between jobs). With ``once=True``, runs exactly one invocation — waiting
+    for one to arrive — and returns. Queues are served in the order given.
+    """
+    handles = [queue] if isinstance(queue, _QueueHandle) else list(queue)
+    if not handles:
+        raise ValueError("run_worker needs at least one queue")
+    dp = dispatch or handles[0].dispatch
+    transport = dp.transport
+    names = [h.name for h in handles]
+    for h in handles:  # a worker may start before any producer: make the queues exist
+        dp.ensure_queue(h.spec, strict=h.strict, check=())
+    executor = Executor(transport)
+    beat = _Heartbeat(transport, lease_seconds)
+    me = worker_id or default_worker_id()
+    ran = 0
+
+    def stopping() -> bool:
+        return stop is not None and bool(stop())
+
+    try:
+        while not stopping():
+            claims = transport.claim(
+                names, me, limit=1, wait=poll, lease_seconds=lease_seconds, should_stop=stop
+            )
+            for claim in claims:
+                beat.hold(claim)
+                outcome = executor.run(claim)
+                beat.hold(None)
+                try:
+                    if outcome.ok:
+                        assert outcome.result is not None
+                        transport.complete(claim.id, claim.lease_token, outcome.result)
+                    else:
+                        assert outcome.error is not None
+                        transport.fail(
+                            claim.id, claim.lease_token, outcome.error, retryable=outcome.retryable
+                        )
+                except (LeaseLost, UnknownInvocation):
+                    pass  # cancelled, expired and handed on, or removed: the plane decided
+                ran += 1
+            if once and ran:
+                break
+    finally:
+        beat.close()
+    return ran
