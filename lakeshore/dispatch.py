@@ -118,7 +118,9 @@ class Dispatch:
         with self._lock:
             self._blobs.update(new)
 
-    def submit(self, subs: list[Submission], *, spec: QueueSpec, strict: bool, check: Iterable[str]) -> list[str]:
+    def submit(
+        self, subs: list[Submission], *, spec: QueueSpec, strict: bool, check: Iterable[str]
+    ) -> list[str]:
         """Submit, creating the queue first if needed (and again if it was removed)."""
         self.ensure_queue(spec, strict=strict, check=check)
         try:

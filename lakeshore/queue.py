@@ -8,6 +8,7 @@ queue has the settings this handle asks for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import threading
@@ -59,7 +60,16 @@ class SubmitOptions:
 
     #: keyword → field, for ``submit(..., _priority=3)``
     FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {"dispatch", "priority", "delay", "timeout", "max_attempts", "idempotency_key", "id", "retry"}
+        {
+            "dispatch",
+            "priority",
+            "delay",
+            "timeout",
+            "max_attempts",
+            "idempotency_key",
+            "id",
+            "retry",
+        }
     )
 
     @classmethod
@@ -154,12 +164,14 @@ class _QueueHandle:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         opts: SubmitOptions,
+        *,
+        body: bytes | None = None,
     ) -> str:
         dp = opts.dispatch or self.dispatch
         if isinstance(fn, str):
             encoded = encode_ref_call(fn, args, kwargs)
         else:
-            encoded = encode_pickle_call(fn, args, kwargs)
+            encoded = encode_pickle_call(fn, args, kwargs, body=body)
         dp.upload(encoded.blobs)
         if opts.id is not None:
             inv_id = opts.id
@@ -206,10 +218,9 @@ class _QueueHandle:
                 fut.set_result(rec)
 
         def on_done(rec: Invocation) -> None:
-            try:
+            # RuntimeError: the loop is gone, so nobody is waiting any more
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(resolve, rec)
-            except RuntimeError:  # the loop is gone; nobody is waiting any more
-                pass
 
         unwatch = self.dispatch.transport.watch([inv_id], on_done)
         try:

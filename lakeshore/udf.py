@@ -15,6 +15,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from .dispatch import Dispatch
 from .plane.model import RetryPolicy
 from .queue import Queue, SubmitOptions, _QueueHandle
+from .wire import pickle_function
 
 __all__ = ["UDF", "udf"]
 
@@ -29,6 +30,7 @@ class UDF(Generic[P, R]):
         self.fn = fn
         self.queue = queue
         self.defaults = defaults
+        self._body: bytes | None = None
         functools.update_wrapper(self, fn)
 
     def __repr__(self) -> str:
@@ -41,7 +43,11 @@ class UDF(Generic[P, R]):
     def submit(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """Enqueue a call; return its invocation id once the plane has it."""
         opts, fn_kwargs = SubmitOptions.split(dict(kwargs), self.defaults)
-        return self.queue._submit(self.fn, args, fn_kwargs, opts)
+        if self._body is None:
+            # Pickled once per handle, as Ray does for remote functions: globals the
+            # body captures by value are those of the first submit.
+            self._body = pickle_function(self.fn)
+        return self.queue._submit(self.fn, args, fn_kwargs, opts, body=self._body)
 
     def options(
         self,
@@ -64,8 +70,12 @@ class UDF(Generic[P, R]):
             "_idempotency_key": idempotency_key,
             "_retry": retry,
         }
-        opts, _ = SubmitOptions.split({k: v for k, v in given.items() if v is not None}, self.defaults)
-        return UDF(self.fn, self.queue, opts)
+        opts, _ = SubmitOptions.split(
+            {k: v for k, v in given.items() if v is not None}, self.defaults
+        )
+        copy = UDF(self.fn, self.queue, opts)
+        copy._body = self._body
+        return copy
 
 
 @overload
@@ -114,7 +124,11 @@ def udf(
     defaults, _ = SubmitOptions.split(
         {
             k: v
-            for k, v in {"_retry": retry, "_timeout": timeout, "_max_attempts": max_attempts}.items()
+            for k, v in {
+                "_retry": retry,
+                "_timeout": timeout,
+                "_max_attempts": max_attempts,
+            }.items()
             if v is not None
         }
     )

@@ -169,7 +169,13 @@ def encode_ref_call(target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) 
         raise InvalidRequest(f"a ref target looks like 'package.module:function', not {target!r}")
     try:
         payload = pack(
-            {"v": WIRE_VERSION, "kind": "ref", "target": target, "args": list(args), "kwargs": kwargs}
+            {
+                "v": WIRE_VERSION,
+                "kind": "ref",
+                "target": target,
+                "args": list(args),
+                "kwargs": kwargs,
+            }
         )
     except TypeError as exc:
         raise SerializationError(
@@ -187,7 +193,7 @@ def encode_exec(cmd: str | list[str], env: dict[str, str] | None, cwd: str | Non
     )
 
 
-_REQUIRED = {
+_REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "pickle": {"fn": str, "args": bytes},
     "ref": {"target": str, "args": list, "kwargs": dict},
     "exec": {"cmd": (str, list), "env": dict},
@@ -240,8 +246,9 @@ def decode_result(data: bytes) -> Any:
 def encode_error(exc: BaseException) -> dict[str, Any]:
     """Describe an exception for the plane; keep a pickle of it when one can be made."""
     cls = type(exc)
+    pickled: bytes | None
     try:
-        pickled: bytes | None = bytes(cloudpickle.dumps(exc, protocol=PICKLE_PROTOCOL))
+        pickled = bytes(cloudpickle.dumps(exc, protocol=PICKLE_PROTOCOL))
         pickle.loads(pickled)  # only keep what will load again
     except Exception:
         pickled = None

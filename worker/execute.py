@@ -17,7 +17,7 @@ import subprocess
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..errors import InvalidRequest, SerializationError
 from ..plane.model import Claim
@@ -98,11 +98,12 @@ class Executor:
         except Exception as exc:
             raise _LoadError(f"function body {digest[:12]}… is not on the plane: {exc}") from exc
         try:
-            fn = pickle.loads(body)
+            loaded = pickle.loads(body)
         except Exception as exc:
             raise _LoadError(self._load_message(f"function {env.get('name')}", env, exc)) from exc
-        if not callable(fn):
+        if not callable(loaded):
             raise _LoadError(f"payload function {env.get('name')} is not callable")
+        fn = cast(Callable[..., Any], loaded)
         self._fns[digest] = fn
         if len(self._fns) > _FN_CACHE:
             self._fns.popitem(last=False)
@@ -132,7 +133,9 @@ def _resolve(target: str) -> Callable[..., Any]:
         for part in attr_path.split("."):
             obj = getattr(obj, part)
     except Exception as exc:
-        raise _LoadError(f"cannot load {target} on this worker: {type(exc).__name__}: {exc}") from exc
+        raise _LoadError(
+            f"cannot load {target} on this worker: {type(exc).__name__}: {exc}"
+        ) from exc
     if not callable(obj):
         raise _LoadError(f"{target} is not callable")
     fn: Callable[..., Any] = obj
@@ -154,4 +157,3 @@ def _run_exec(env: dict[str, Any]) -> dict[str, Any]:
     if proc.returncode != 0:
         raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
     return {"exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
-

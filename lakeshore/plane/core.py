@@ -61,7 +61,7 @@ from .store import Store
 
 __all__ = ["Plane", "request_digest"]
 
-#: how many head-of-queue candidates a claim reads per try
+#: how many candidates a boltzmann claim samples among (ordered kinds read the head)
 _CANDIDATES = 16
 #: how many expired leases one sweep pass handles
 _SWEEP_BATCH = 500
@@ -108,6 +108,7 @@ class Plane:
         self._next_sweep = 0.0
         self._next_purge = 0.0
         self._sweep_lock = threading.Lock()
+        self._touched: dict[str, float] = {}
 
     def now(self) -> float:
         return self.clock.now()
@@ -206,12 +207,18 @@ class Plane:
             )
             existing = self.store.insert(inv)
             if existing is not None and existing.request_digest != inv.request_digest:
-                raise IdempotencyConflict(
-                    f"invocation {sub.id!r} exists with a different request"
-                )
+                raise IdempotencyConflict(f"invocation {sub.id!r} exists with a different request")
             ids.append(sub.id)
+        for name in specs:
+            self._touch(name, now)
         self._changes.notify()
         return ids
+
+    def _touch(self, queue: str, now: float) -> None:
+        """Record activity on a queue, at most once a second per queue and plane."""
+        if self._touched.get(queue, -1.0) + 1.0 <= now:
+            self._touched[queue] = now
+            self.store.touch_queue(queue, now)
 
     # ------------------------------------------------------------------ reading
     def get(self, inv_id: str) -> Invocation:
@@ -227,7 +234,9 @@ class Plane:
     def state(self, inv_id: str) -> State:
         return self.get(inv_id).public_state(self.clock.now())
 
-    def watch(self, ids: Sequence[str], callback: Callable[[Invocation], None]) -> Callable[[], None]:
+    def watch(
+        self, ids: Sequence[str], callback: Callable[[Invocation], None]
+    ) -> Callable[[], None]:
         """Call ``callback(record)`` once for each id when it reaches a finished state.
 
         Already-finished ids fire at once (from this thread). Unknown ids raise
@@ -356,7 +365,10 @@ class Plane:
             cap = _running_cap(spec)
             while len(claims) < limit:
                 now = self.clock.now()
-                candidates = self.store.pending(name, now, max(_CANDIDATES, limit - len(claims)))
+                want = limit - len(claims)
+                # Ordered kinds take the head; boltzmann samples among more.
+                fetch = max(_CANDIDATES, want) if spec.kind == "boltzmann" else want + 1
+                candidates = self.store.pending(name, now, fetch)
                 if not candidates:
                     break
                 got_any = False
@@ -372,9 +384,8 @@ class Plane:
                         break
                 if not got_any:
                     break
-        if claims:
-            for name in {c.queue for c in claims}:
-                self.store.touch_queue(name, self.clock.now())
+        for name in {c.queue for c in claims}:
+            self._touch(name, self.clock.now())
         return claims
 
     def _at_cap(self, queue: str, cap: int) -> bool:
@@ -562,15 +573,19 @@ class Plane:
         return handled
 
     def _expire_lease(self, rec: Invocation, now: float) -> Invocation | None:
-        if rec.timeout is not None and rec.started_at is not None:
-            if now >= rec.started_at + rec.timeout:
-                error = {
-                    "type": "dreamlake.lakeshore.InvocationTimeout",
-                    "message": f"invocation exceeded its timeout of {rec.timeout:g}s",
-                    "traceback": "",
-                    "pickled": None,
-                }
-                return self._fail_or_retry(rec, error, retryable=True)
+        timed_out = (
+            rec.timeout is not None
+            and rec.started_at is not None
+            and now >= rec.started_at + rec.timeout
+        )
+        if timed_out:
+            error = {
+                "type": "dreamlake.lakeshore.InvocationTimeout",
+                "message": f"invocation exceeded its timeout of {rec.timeout:g}s",
+                "traceback": "",
+                "pickled": None,
+            }
+            return self._fail_or_retry(rec, error, retryable=True)
         expect = {"state": State.RUNNING, "lease_token": rec.lease_token}
         if rec.attempt >= rec.max_attempts:
             changes: dict[str, Any] = {
@@ -632,7 +647,9 @@ def _validate_spec(spec: QueueSpec) -> None:
     if not spec.name or len(spec.name) > 256:
         raise InvalidRequest("queue name must be 1-256 characters")
     if spec.kind not in KINDS:
-        raise InvalidRequest(f"unknown queue kind {spec.kind!r}; expected one of {', '.join(KINDS)}")
+        raise InvalidRequest(
+            f"unknown queue kind {spec.kind!r}; expected one of {', '.join(KINDS)}"
+        )
     if spec.temperature is not None and not spec.temperature > 0:
         raise InvalidRequest("temperature must be > 0")
     if spec.elasticity is not None:

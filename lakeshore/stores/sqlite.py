@@ -205,11 +205,10 @@ class SqliteStore:
                 f"INSERT OR IGNORE INTO invocations ({_SELECT}) VALUES ({marks})", values
             )
             if cur.rowcount == 1:
-                db.execute(
-                    "UPDATE queues SET last_activity = ? WHERE name = ?", (inv.created_at, inv.queue)
-                )
                 return None
-            row = db.execute(f"SELECT {_SELECT} FROM invocations WHERE id = ?", (inv.id,)).fetchone()
+            row = db.execute(
+                f"SELECT {_SELECT} FROM invocations WHERE id = ?", (inv.id,)
+            ).fetchone()
         return _from_row(row)
 
     def get(self, inv_id: str) -> Invocation | None:
