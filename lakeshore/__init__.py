@@ -16,8 +16,9 @@
 
 from __future__ import annotations
 
+from . import context
 from .config import configure
-from .dispatch import Dispatch
+from .dispatch import Dispatch, QueueCreatedWarning
 from .errors import (
     CancelledError,
     ClientError,
@@ -38,7 +39,17 @@ from .errors import (
 )
 from .plane.model import RetryPolicy as Retry
 from .plane.model import State
-from .queue import Queue, SyncQueue
+from .queue import (
+    BoltzmannQueue,
+    FILOQueue,
+    Pool,
+    PriorityQueue,
+    Queue,
+    SyncBoltzmannQueue,
+    SyncFILOQueue,
+    SyncPriorityQueue,
+    SyncQueue,
+)
 from .udf import UDF, udf
 from .worker import run_worker
 
@@ -46,6 +57,15 @@ __version__ = "0.4.0"
 
 __all__ = [
     "UDF",
+    "BoltzmannQueue",
+    "FILOQueue",
+    "Pool",
+    "PriorityQueue",
+    "QueueCreatedWarning",
+    "SyncBoltzmannQueue",
+    "SyncFILOQueue",
+    "SyncPriorityQueue",
+    "context",
     "CancelledError",
     "ClientError",
     "Conflict",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,12 @@ from .plane import Plane, QueueSpec, Submission
 from .stores import SqliteStore
 from .transport import Transport
 
-__all__ = ["Dispatch"]
+__all__ = ["Dispatch", "QueueCreatedWarning"]
+
+
+class QueueCreatedWarning(UserWarning):
+    """A lazily named queue did not exist on the plane and was created."""
+
 
 _announced = False
 
@@ -92,12 +98,27 @@ class Dispatch:
         return f"Dispatch({self.target!r})"
 
     # --- used by queue handles -------------------------------------------------------
-    def ensure_queue(self, spec: QueueSpec, *, strict: bool, check: Iterable[str]) -> QueueSpec:
-        """The plane's spec for this queue, created on first use unless ``strict``."""
+    def ensure_queue(
+        self, spec: QueueSpec, *, strict: bool, check: Iterable[str], warn_missing: bool = False
+    ) -> QueueSpec:
+        """The plane's spec for this queue, created on first use unless ``strict``.
+
+        With ``warn_missing``, creating it warns once (a lazy handle's typo guard).
+        """
         with self._lock:
             known = self._queues.get(spec.name)
         if known is not None:
             return known
+        if warn_missing and not strict:
+            try:
+                self.transport.ensure_queue(spec, create=False, check=tuple(check))
+            except QueueNotFound:
+                warnings.warn(
+                    f"queue {spec.name!r} did not exist on {self.target}; created it "
+                    "(a typo? pass strict=True to make this an error)",
+                    QueueCreatedWarning,
+                    stacklevel=5,
+                )
         stored = self.transport.ensure_queue(spec, create=not strict, check=tuple(check))
         with self._lock:
             self._queues[spec.name] = stored

@@ -1,145 +1,163 @@
-"""Queue handles: ``Queue`` (async surface) and ``SyncQueue`` (the same, blocking).
+"""Queue handles: the async surface (``Queue`` and its kinds) and the blocking one
+(``SyncQueue`` and its kinds).
 
-A handle names a queue and the settings it expects; it makes no plane call until first
-use. The first submit creates the queue (unless strict) or checks that the existing
-queue has the settings this handle asks for.
+===================  ======================  ====================================
+async                blocking                kind and its own keyword arguments
+===================  ======================  ====================================
+``Queue``            ``SyncQueue``           fifo by default; ``kind=`` picks any
+``PriorityQueue``    ``SyncPriorityQueue``   priority: ``priority_field``
+``BoltzmannQueue``   ``SyncBoltzmannQueue``  boltzmann: ``priority_field``,
+                                             ``temperature``, ``anneal``
+``FILOQueue``        ``SyncFILOQueue``       filo
+``Pool``             —                       deprecated: ``Queue(elasticity=...)``
+===================  ======================  ====================================
+
+Every handle also takes ``dispatch``, ``strict``, ``elasticity``, ``retry``,
+``namespace`` and ``scope``. A handle makes no plane call until first use. The first
+submit creates the queue (unless strict) or checks that the queue on the plane has the
+settings this handle names — its kind, when the class or ``kind=`` names one, and each
+setting passed explicitly; a bare ``Queue("x")`` adopts whatever the plane has.
+
+Queue names: ``"/x"`` is always the flat name ``x``; ``namespace="module"`` prefixes
+the defining module's ``__name__`` (``__main__`` in a REPL or notebook); ``scope="run"``
+appends ``.run-<id>`` while :func:`dreamlake.lakeshore.context.run` is active.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import os
+import sys
 import threading
-import time
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from types import FrameType
 from typing import Any, ClassVar
 
-from . import config
+from . import config, context
 from .dispatch import Dispatch
-from .errors import CancelledError, ExpiredInvocation, InvocationDead
-from .plane.model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
-from .wire import decode_error, decode_result, encode_pickle_call, encode_ref_call
+from .errors import InvalidRequest
+from .plane.model import FINISHED, Invocation, QueueSpec, RetryPolicy, Submission
+from .submit import SubmitOptions, key_id, new_id, outcome
+from .wire import encode_pickle_call, encode_ref_call
 
-__all__ = ["Queue", "SubmitOptions", "SyncQueue", "new_id", "outcome"]
+__all__ = [
+    "BoltzmannQueue",
+    "FILOQueue",
+    "Pool",
+    "PriorityQueue",
+    "Queue",
+    "SyncBoltzmannQueue",
+    "SyncFILOQueue",
+    "SyncPriorityQueue",
+    "SyncQueue",
+]
 
-_ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-
-
-def new_id() -> str:
-    """A fresh invocation id: time-ordered, 26 characters, unique without coordination."""
-    ms = int(time.time() * 1000)
-    rand = int.from_bytes(os.urandom(10), "big")
-    n = (ms << 80) | rand
-    chars = []
-    for _ in range(26):
-        n, r = divmod(n, 32)
-        chars.append(_ID_ALPHABET[r])
-    return "".join(reversed(chars))
-
-
-def key_id(queue: str, key: str) -> str:
-    """The invocation id an idempotency key stands for (per queue)."""
-    return "k" + hashlib.sha256(f"{queue}\0{key}".encode()).hexdigest()[:31]
-
-
-@dataclass(frozen=True)
-class SubmitOptions:
-    """The framework's options of one submit (the ``_``-prefixed keywords)."""
-
-    dispatch: Dispatch | None = None
-    priority: float | None = None
-    delay: float = 0.0
-    timeout: float | None = None
-    max_attempts: int | None = None
-    idempotency_key: str | None = None
-    id: str | None = None
-    retry: RetryPolicy | None = None
-
-    #: keyword → field, for ``submit(..., _priority=3)``
-    FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {
-            "dispatch",
-            "priority",
-            "delay",
-            "timeout",
-            "max_attempts",
-            "idempotency_key",
-            "id",
-            "retry",
-        }
-    )
-
-    @classmethod
-    def split(
-        cls, kwargs: dict[str, Any], base: SubmitOptions | None = None
-    ) -> tuple[SubmitOptions, dict[str, Any]]:
-        """Separate ``_``-prefixed framework keywords from the function's own."""
-        ours = {k[1:]: v for k, v in kwargs.items() if k.startswith("_")}
-        theirs = {k: v for k, v in kwargs.items() if not k.startswith("_")}
-        unknown = set(ours) - cls.FIELDS
-        if unknown:
-            allowed = ", ".join(sorted("_" + f for f in cls.FIELDS))
-            raise TypeError(
-                f"unknown submit option(s) {', '.join('_' + u for u in sorted(unknown))}; "
-                f"keywords starting with '_' are Lakeshore's: {allowed}"
-            )
-        merged = {**(base.__dict__ if base else {}), **{k: v for k, v in ours.items()}}
-        if isinstance(merged.get("retry"), int):
-            merged["retry"] = RetryPolicy(max=merged["retry"])
-        return cls(**merged), theirs
+#: kind → the keyword arguments that only it takes
+KIND_OPTIONS: dict[str, frozenset[str]] = {
+    "fifo": frozenset(),
+    "filo": frozenset(),
+    "priority": frozenset({"priority_field"}),
+    "boltzmann": frozenset({"priority_field", "temperature", "anneal"}),
+}
+#: keyword argument → the class it belongs to, for error messages
+OWNER = {
+    "priority_field": "PriorityQueue",
+    "temperature": "BoltzmannQueue",
+    "anneal": "BoltzmannQueue",
+}
+_PACKAGE = __name__.rpartition(".")[0]
 
 
-def outcome(rec: Invocation, now: float) -> Any:
-    """The value of a finished invocation, or the exception it stands for."""
-    if rec.is_expired(now):
-        raise ExpiredInvocation(
-            f"invocation {rec.id!r} finished {rec.state.value}; its result passed retention"
-        )
-    if rec.state is State.SUCCEEDED:
-        assert rec.result is not None
-        return decode_result(rec.result)
-    message = str((rec.error or {}).get("message") or "")
-    if rec.state is State.CANCELLED:
-        raise CancelledError(f"invocation {rec.id!r} was cancelled")
-    if rec.state is State.DEAD:
-        raise InvocationDead(f"invocation {rec.id!r} is dead: {message}")
-    if rec.state is State.FAILED:
-        raise decode_error(rec.error or {"message": "failed"})
-    raise AssertionError(f"outcome() of an unfinished invocation ({rec.state})")
+def _caller_module() -> str:
+    """``__name__`` of the first frame outside this package (``__main__`` if unknown)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if isinstance(name, str) and not name.startswith(_PACKAGE):
+            return name
+        frame = frame.f_back
+    return "__main__"
 
 
 class _QueueHandle:
-    """What Queue and SyncQueue share: the name, the expected settings, submitting."""
+    """What every handle shares: naming, expected settings, submitting, waiting."""
 
-    kind: ClassVar[str] = "fifo"
+    #: the kind this class stands for; None lets ``kind=`` choose (fifo by default)
+    fixed_kind: ClassVar[str | None] = None
 
     def __init__(
         self,
         name: str,
         *,
         dispatch: Dispatch | None = None,
-        kind: str | None = None,
         strict: bool | None = None,
         elasticity: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        namespace: str | None = None,
+        scope: str | None = None,
+        warn_missing: bool = False,
+        kind: str | None = None,
+        **options: Any,
     ) -> None:
-        if not isinstance(name, str) or not name:
-            raise TypeError("a queue needs a non-empty name")
-        self.name = name
+        cls = type(self).__name__
+        if not isinstance(name, str) or not name.strip("/"):
+            raise TypeError(f"{cls} needs a non-empty queue name")
+        if kind is not None and self.fixed_kind is not None and kind != self.fixed_kind:
+            raise TypeError(f"{cls} is always kind={self.fixed_kind!r}; use Queue(kind={kind!r})")
+        chosen = self.fixed_kind or kind or "fifo"
+        if chosen not in KIND_OPTIONS:
+            raise TypeError(f"unknown queue kind {chosen!r}; one of {', '.join(KIND_OPTIONS)}")
+        for key in options:
+            if key not in KIND_OPTIONS[chosen]:
+                owner = OWNER.get(key)
+                if owner is None:
+                    raise TypeError(f"{cls}() got an unexpected keyword argument {key!r}")
+                raise TypeError(f"{key}= applies to {owner}, not {cls} (kind={chosen!r})")
+        if namespace not in (None, "module"):
+            raise TypeError('namespace= takes "module" (or None for a flat name)')
+        if scope not in (None, "run"):
+            raise TypeError('scope= takes "run" (or None)')
+        if name.startswith("/"):
+            base = name[1:]
+        elif namespace == "module":
+            base = f"{_caller_module()}.{name}"
+        else:
+            base = name
+        self.base_name = base
+        self.scope = scope
         self._dispatch = dispatch
         self._strict = strict
-        self._check = ["kind"]
+        self._warn_missing = warn_missing
+        self._check = (["kind"] if self.fixed_kind or kind else []) + sorted(options)
         if elasticity is not None:
             self._check.append("elasticity")
-        self.spec = QueueSpec(
-            name=name,
-            kind=kind or type(self).kind,
-            elasticity=dict(elasticity) if elasticity is not None else None,
-            retry=retry.to_dict() if retry is not None else None,
-        )
+        self._settings: dict[str, Any] = {
+            "kind": chosen,
+            **options,
+            "elasticity": dict(elasticity) if elasticity is not None else None,
+            "retry": retry.to_dict() if retry is not None else None,
+        }
+        if "anneal" in self._settings and self._settings["anneal"] is not None:
+            self._settings["anneal"] = dict(self._settings["anneal"])
+
+    # --- identity ------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The queue's name on the plane now (run-scoped handles follow the active run)."""
+        if self.scope == "run":
+            active = context.current_run()
+            if active is not None:
+                return f"{self.base_name}.run-{active.id}"
+        return self.base_name
+
+    @property
+    def spec(self) -> QueueSpec:
+        return QueueSpec(name=self.name, **self._settings)
+
+    @property
+    def kind(self) -> str:
+        return str(self._settings["kind"])
 
     @classmethod
     def named(cls, name: str, **kwargs: Any) -> Any:
@@ -147,8 +165,21 @@ class _QueueHandle:
         return cls(name, **kwargs)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.name!r}, kind={self.spec.kind!r})"
+        return f"{type(self).__name__}({self.name!r}, kind={self.kind!r})"
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _QueueHandle):
+            return NotImplemented
+        return (
+            isinstance(self, Queue) == isinstance(other, Queue)
+            and self.spec == other.spec
+            and self._dispatch is other._dispatch
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.kind))
+
+    # --- plane access ----------------------------------------------------------------
     @property
     def dispatch(self) -> Dispatch:
         """The Dispatch given to this handle, else the process default (built lazily)."""
@@ -157,6 +188,17 @@ class _QueueHandle:
     @property
     def strict(self) -> bool:
         return config.settings().strict if self._strict is None else self._strict
+
+    def _ensure(self, dp: Dispatch) -> QueueSpec:
+        spec = self.spec
+        stored = dp.ensure_queue(
+            spec, strict=self.strict, check=self._check, warn_missing=self._warn_missing
+        )
+        if self.scope == "run":
+            active = context.current_run()
+            if active is not None:
+                active.note(dp, spec.name)
+        return stored
 
     def _submit(
         self,
@@ -168,28 +210,48 @@ class _QueueHandle:
         body: bytes | None = None,
     ) -> str:
         dp = opts.dispatch or self.dispatch
+        stored = self._ensure(dp)
         if isinstance(fn, str):
             encoded = encode_ref_call(fn, args, kwargs)
         else:
             encoded = encode_pickle_call(fn, args, kwargs, body=body)
         dp.upload(encoded.blobs)
+        priority = opts.priority or 0.0
+        if stored.kind in ("priority", "boltzmann") and stored.priority_field in kwargs:
+            priority = kwargs[stored.priority_field]
+        if isinstance(priority, bool) or not isinstance(priority, int | float):
+            kind = type(priority).__name__
+            raise InvalidRequest(
+                f"priority ({stored.priority_field}=) must be a number, not {kind}"
+            )
         if opts.id is not None:
             inv_id = opts.id
         elif opts.idempotency_key is not None:
-            inv_id = key_id(self.name, opts.idempotency_key)
+            inv_id = key_id(stored.name, opts.idempotency_key)
         else:
             inv_id = new_id()
         sub = Submission(
             id=inv_id,
-            queue=self.name,
+            queue=stored.name,
             payload=encoded.payload,
-            priority=float(opts.priority or 0.0),
+            priority=float(priority),
             delay=float(opts.delay or 0.0),
             timeout=opts.timeout,
             max_attempts=opts.max_attempts,
             retry=opts.retry,
         )
         return dp.submit([sub], spec=self.spec, strict=self.strict, check=self._check)[0]
+
+    def _update(self, settings: dict[str, Any]) -> QueueSpec:
+        unknown = set(settings) - (KIND_OPTIONS[self.kind] | {"elasticity", "retry"})
+        if unknown:
+            raise TypeError(f"{type(self).__name__} cannot change {', '.join(sorted(unknown))}")
+        dp = self.dispatch
+        self._ensure(dp)
+        stored = dp.transport.update_queue(self.name, **settings)
+        dp.forget_queue(self.name)
+        self._settings.update(settings)
+        return stored
 
     def _wait_sync(self, inv_id: str, timeout: float | None) -> Invocation:
         box: list[Invocation] = []
@@ -269,20 +331,26 @@ class Queue(_QueueHandle):
         """Cancel it unless finished; return the state it is in afterwards."""
         return self.dispatch.transport.cancel(inv_id).value
 
+    async def set_priority(self, inv_id: str, priority: float) -> None:
+        """Move a pending invocation to another priority."""
+        self.dispatch.transport.set_priority(inv_id, priority)
+
+    async def update(self, **settings: Any) -> QueueSpec:
+        """Change the queue's settings live (``temperature=``, ``anneal=``, ...)."""
+        return self._update(settings)
+
     @property
     def sync(self) -> SyncQueue:
         """The blocking surface of the same queue."""
-        return SyncQueue._from(self)
+        new = SYNC_OF[type(self)].__new__(SYNC_OF[type(self)])
+        new.__dict__.update(self.__dict__)
+        new._check = list(self._check)
+        new._settings = dict(self._settings)
+        return new
 
 
 class SyncQueue(_QueueHandle):
     """A queue, blocking surface. Safe inside a running event loop (Jupyter)."""
-
-    @classmethod
-    def _from(cls, other: _QueueHandle) -> SyncQueue:
-        new = cls.__new__(cls)
-        new.__dict__.update(other.__dict__)
-        return new
 
     def submit(self, fn: Callable[..., Any] | str, /, *args: Any, **kwargs: Any) -> str:
         """As :meth:`Queue.submit`, blocking."""
@@ -301,3 +369,72 @@ class SyncQueue(_QueueHandle):
 
     def finished(self, inv_id: str) -> bool:
         return self.dispatch.transport.get(inv_id).state in FINISHED
+
+    def set_priority(self, inv_id: str, priority: float) -> None:
+        self.dispatch.transport.set_priority(inv_id, priority)
+
+    def update(self, **settings: Any) -> QueueSpec:
+        return self._update(settings)
+
+
+class PriorityQueue(Queue):
+    """Highest priority first, FIFO among equals. A call's priority is its keyword
+    argument named ``priority_field`` (default ``"priority"``), else ``_priority=``."""
+
+    fixed_kind = "priority"
+
+
+class BoltzmannQueue(PriorityQueue):
+    """Among the pending, choose with probability ∝ exp(priority / temperature);
+    ``anneal`` lowers the temperature over time or claims."""
+
+    fixed_kind = "boltzmann"
+
+
+class FILOQueue(Queue):
+    """Newest pending first."""
+
+    fixed_kind = "filo"
+
+
+class SyncPriorityQueue(SyncQueue):
+    fixed_kind = "priority"
+
+
+class SyncBoltzmannQueue(SyncPriorityQueue):
+    fixed_kind = "boltzmann"
+
+
+class SyncFILOQueue(SyncQueue):
+    fixed_kind = "filo"
+
+
+class Pool(Queue):
+    """Deprecated: ``Pool(name, size=N)`` is ``Queue(name, elasticity={"kind": "fixed",
+    "max": N})``."""
+
+    def __init__(self, name: str, size: int, **kwargs: Any) -> None:
+        warnings.warn(
+            'Pool is deprecated; use Queue(name, elasticity={"kind": "fixed", "max": size})',
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(name, elasticity={"kind": "fixed", "max": size}, **kwargs)
+
+
+SYNC_OF: dict[type[_QueueHandle], type[SyncQueue]] = {
+    Queue: SyncQueue,
+    Pool: SyncQueue,
+    PriorityQueue: SyncPriorityQueue,
+    BoltzmannQueue: SyncBoltzmannQueue,
+    FILOQueue: SyncFILOQueue,
+}
+
+
+def handle_for(name: str, **options: Any) -> Queue:
+    """The handle ``@udf(queue="name", **options)`` means: the options pick the class."""
+    if "temperature" in options or "anneal" in options:
+        return BoltzmannQueue(name, **options)
+    if "priority_field" in options:
+        return PriorityQueue(name, **options)
+    return Queue(name, **options)

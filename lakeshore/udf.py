@@ -14,7 +14,8 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from .dispatch import Dispatch
 from .plane.model import RetryPolicy
-from .queue import Queue, SubmitOptions, _QueueHandle
+from .queue import _QueueHandle, handle_for
+from .submit import SubmitOptions
 from .wire import pickle_function
 
 __all__ = ["UDF", "udf"]
@@ -107,7 +108,10 @@ def udf(
 ) -> UDF[P, R] | Callable[[Callable[P, R]], UDF[P, R]]:
     """Bind a function to a queue: ``@udf(queue="name")`` or ``@udf(queue=q)``.
 
-    A string makes the queue handle; ``retry``, ``timeout`` and ``max_attempts`` are the
+    A string makes the queue handle, and the queue keywords pick its class
+    (``priority_field=`` → PriorityQueue, ``temperature=``/``anneal=`` →
+    BoltzmannQueue, else Queue; ``kind=``, ``strict=``, ``namespace=``, ``scope=``
+    and ``elasticity=`` pass through); ``retry``, ``timeout`` and ``max_attempts`` are the
     defaults of every submit (each overridable with ``_retry=`` and so on).
     """
     if isinstance(queue, _QueueHandle):
@@ -118,7 +122,7 @@ def udf(
             )
         handle = queue
     elif isinstance(queue, str):
-        handle = Queue(queue, dispatch=dispatch, **queue_options)
+        handle = handle_for(queue, dispatch=dispatch, **queue_options)
     else:
         raise TypeError(f"udf(queue=...) takes a queue name or a Queue, not {type(queue).__name__}")
     defaults, _ = SubmitOptions.split(

@@ -46,6 +46,15 @@ from ..errors import (
     UnknownInvocation,
 )
 from .changes import Changes
+from .kinds import (
+    BOLTZMANN_CANDIDATES,
+    anneal_origin,
+    boltzmann_order,
+    comparable,
+    running_cap,
+    temperature,
+    validate_spec,
+)
 from .model import (
     FINISHED,
     Claim,
@@ -56,13 +65,11 @@ from .model import (
     State,
     Submission,
 )
-from .ordering import KINDS, order_key
+from .ordering import order_key
 from .store import Store
 
 __all__ = ["Plane", "request_digest"]
 
-#: how many candidates a boltzmann claim samples among (ordered kinds read the head)
-_CANDIDATES = 16
 #: how many expired leases one sweep pass handles
 _SWEEP_BATCH = 500
 
@@ -122,13 +129,14 @@ class Plane:
         Raises :class:`QueueMismatch` when it exists and any setting named in ``check``
         differs from ``spec``; :class:`QueueNotFound` when missing and not ``create``.
         """
-        _validate_spec(spec)
+        validate_spec(spec)
         stored = self.store.get_queue(spec.name)
         if stored is None:
             if not create:
                 raise QueueNotFound(f"queue {spec.name!r} does not exist (strict mode)")
-            stored = self.store.put_queue(spec, self.clock.now())
-        wanted, have = spec.settings(), stored.settings()
+            now = self.clock.now()
+            stored = self.store.put_queue(anneal_origin(spec, now, 0), now)
+        wanted, have = comparable(spec), comparable(stored)
         diff = [k for k in check if wanted[k] != have[k]]
         if diff:
             detail = ", ".join(f"{k}={have[k]!r} (handle asks {wanted[k]!r})" for k in diff)
@@ -142,10 +150,28 @@ class Plane:
         return spec
 
     def list_queues(self) -> list[dict[str, Any]]:
+        """Every queue with its last activity (submit or claim) and counts by state."""
         return [
             {"spec": spec, "last_activity": last, "counts": self.counts(spec.name)}
             for spec, last in self.store.list_queues()
         ]
+
+    def prune_queues(self, older_than: float) -> list[str]:
+        """Remove queues idle for ``older_than`` seconds with nothing pending or running.
+
+        Their finished invocations stay until retention ends. Returns the names removed.
+        """
+        now = self.clock.now()
+        removed = []
+        for spec, last in self.store.list_queues():
+            if last <= now - older_than and self._drained(spec.name, now):
+                self.store.delete_queue(spec.name, invocations=False)
+                removed.append(spec.name)
+        return removed
+
+    def _drained(self, name: str, now: float) -> bool:
+        raw = self.store.counts(name, now)
+        return not (raw.get("pending", 0) + raw.get("scheduled", 0) + raw.get("running", 0))
 
     def counts(self, name: str) -> dict[str, int]:
         """Invocations of a queue by public state (``scheduled`` split from pending)."""
@@ -153,11 +179,18 @@ class Plane:
         return {s.value: raw.get(s.value, 0) for s in State}
 
     def update_queue(self, name: str, **settings: Any) -> QueueSpec:
+        """Change a queue's settings live (``temperature``, ``anneal``, ``elasticity``,
+        ...). A new ``anneal`` schedule starts now."""
         spec = self.get_queue(name)
-        merged = {**spec.settings(), **settings}
-        new = QueueSpec(name=name, **merged)
-        _validate_spec(new)
-        if not self.store.replace_queue(new, self.clock.now()):
+        unknown = set(settings) - set(spec.settings())
+        if unknown:
+            raise InvalidRequest(f"unknown queue settings: {', '.join(sorted(unknown))}")
+        new = QueueSpec(name=name, **{**spec.settings(), **settings})
+        validate_spec(new)
+        now = self.clock.now()
+        if "anneal" in settings or "temperature" in settings:
+            new = anneal_origin(new, now, self.store.queue_counter(name, 0))
+        if not self.store.replace_queue(new, now):
             raise QueueNotFound(f"queue {name!r} does not exist")
         self._changes.notify()
         return new
@@ -362,51 +395,47 @@ class Plane:
             spec = self.store.get_queue(name)
             if spec is None:
                 continue
-            cap = _running_cap(spec)
             while len(claims) < limit:
-                now = self.clock.now()
-                want = limit - len(claims)
-                # Ordered kinds take the head; boltzmann samples among more.
-                fetch = max(_CANDIDATES, want) if spec.kind == "boltzmann" else want + 1
-                candidates = self.store.pending(name, now, fetch)
-                if not candidates:
-                    break
-                got_any = False
-                for rec in self._in_claim_order(spec, candidates):
-                    claim = self._lease(rec, worker, now, lease_seconds, cap)
-                    if claim is None:
-                        if cap is not None and self._at_cap(name, cap):
-                            break
-                        continue
-                    claims.append(claim)
-                    got_any = True
-                    if len(claims) >= limit:
-                        break
-                if not got_any:
+                got = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
+                claims.extend(got)
+                if not got:
                     break
         for name in {c.queue for c in claims}:
             self._touch(name, self.clock.now())
         return claims
 
+    def _claim_from(
+        self, spec: QueueSpec, worker: str, want: int, lease_seconds: float
+    ) -> list[Claim]:
+        """One pass over the head of one queue; returns what it leased."""
+        now = self.clock.now()
+        cap = running_cap(spec)
+        boltzmann = spec.kind == "boltzmann"
+        # Ordered kinds take the head; Boltzmann samples among many.
+        fetch = max(BOLTZMANN_CANDIDATES, want) if boltzmann else want + 1
+        candidates = self.store.pending(spec.name, now, fetch)
+        if boltzmann:
+            claims_so_far = self.store.queue_counter(spec.name, 0)
+            temp = temperature(spec, now, claims_so_far)
+            ordered: Iterable[Invocation] = boltzmann_order(candidates, temp, self._rng)
+        else:
+            ordered = candidates
+        got: list[Claim] = []
+        for rec in ordered:
+            claim = self._lease(rec, worker, now, lease_seconds, cap)
+            if claim is None:
+                if cap is not None and self._at_cap(spec.name, cap):
+                    break
+                continue  # lost a race for this one: try the next
+            got.append(claim)
+            if len(got) >= want:
+                break
+        if boltzmann and got:
+            self.store.queue_counter(spec.name, len(got))
+        return got
+
     def _at_cap(self, queue: str, cap: int) -> bool:
         return self.store.counts(queue, self.clock.now()).get("running", 0) >= cap
-
-    def _in_claim_order(self, spec: QueueSpec, candidates: list[Invocation]) -> list[Invocation]:
-        if spec.kind != "boltzmann":
-            return candidates
-        # Sample without replacement, each draw ∝ exp(priority / T).
-        temperature = self._temperature(spec)
-        pool = list(candidates)
-        ordered: list[Invocation] = []
-        while pool:
-            top = max(r.priority for r in pool)
-            weights = [math.exp((r.priority - top) / temperature) for r in pool]
-            pick = self._rng.choices(range(len(pool)), weights=weights)[0]
-            ordered.append(pool.pop(pick))
-        return ordered
-
-    def _temperature(self, spec: QueueSpec) -> float:
-        return float(spec.temperature or 1.0)
 
     def _lease(
         self, rec: Invocation, worker: str, now: float, lease_seconds: float, cap: int | None
@@ -568,6 +597,9 @@ class Plane:
         if purge or now >= self._next_purge:
             self._next_purge = now + 60.0
             self.store.purge(now, now - self.tombstone)
+            for spec, _ in self.store.list_queues():
+                if spec.delete_when_drained and self._drained(spec.name, now):
+                    self.store.delete_queue(spec.name, invocations=False)
         if handled:
             self._changes.notify()
         return handled
@@ -634,28 +666,6 @@ class Plane:
     def close(self) -> None:
         self._changes.close()
         self.store.close()
-
-
-def _running_cap(spec: QueueSpec) -> int | None:
-    el = spec.elasticity
-    if el and el.get("kind") == "fixed":
-        return int(el["max"])
-    return None
-
-
-def _validate_spec(spec: QueueSpec) -> None:
-    if not spec.name or len(spec.name) > 256:
-        raise InvalidRequest("queue name must be 1-256 characters")
-    if spec.kind not in KINDS:
-        raise InvalidRequest(
-            f"unknown queue kind {spec.kind!r}; expected one of {', '.join(KINDS)}"
-        )
-    if spec.temperature is not None and not spec.temperature > 0:
-        raise InvalidRequest("temperature must be > 0")
-    if spec.elasticity is not None:
-        el = spec.elasticity
-        if el.get("kind") != "fixed" or not isinstance(el.get("max"), int) or el["max"] < 1:
-            raise InvalidRequest('elasticity must be {"kind": "fixed", "max": N} with N >= 1')
 
 
 def _validate_submission(sub: Submission) -> None:

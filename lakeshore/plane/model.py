@@ -67,6 +67,9 @@ class QueueSpec:
     anneal: dict[str, Any] | None = None
     elasticity: dict[str, Any] | None = None
     retry: dict[str, Any] | None = None
+    #: remove the queue (not its invocations) once nothing is pending or running:
+    #: set when the run that scoped it has ended
+    delete_when_drained: bool = False
 
     def settings(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "name"}

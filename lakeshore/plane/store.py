@@ -36,12 +36,18 @@ class Store(Protocol):
         """Overwrite an existing queue's settings; False if it does not exist."""
         ...
 
-    def delete_queue(self, name: str) -> int:
-        """Remove the queue and all its invocations; return how many invocations went."""
+    def delete_queue(self, name: str, *, invocations: bool = True) -> int:
+        """Remove the queue, and with ``invocations`` all its invocations; return how
+        many invocations went."""
         ...
 
     def touch_queue(self, name: str, now: float) -> None:
         """Record activity on a queue (used for listing and pruning)."""
+        ...
+
+    def queue_counter(self, name: str, add: int) -> int:
+        """Atomically add ``add`` to the queue's claim counter; return the new value
+        (0 for a missing queue)."""
         ...
 
     # --- invocations --------------------------------------------------------

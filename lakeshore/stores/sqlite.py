@@ -28,7 +28,8 @@ CREATE TABLE IF NOT EXISTS queues (
     name TEXT PRIMARY KEY,
     spec BLOB NOT NULL,
     created_at REAL NOT NULL,
-    last_activity REAL NOT NULL
+    last_activity REAL NOT NULL,
+    counter INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS invocations (
     id TEXT PRIMARY KEY,
@@ -183,11 +184,13 @@ class SqliteStore:
             )
         return cur.rowcount == 1
 
-    def delete_queue(self, name: str) -> int:
+    def delete_queue(self, name: str, *, invocations: bool = True) -> int:
         with self._tx() as db:
-            cur = db.execute("DELETE FROM invocations WHERE queue = ?", (name,))
+            gone = 0
+            if invocations:
+                gone = db.execute("DELETE FROM invocations WHERE queue = ?", (name,)).rowcount
             db.execute("DELETE FROM queues WHERE name = ?", (name,))
-        return cur.rowcount
+        return gone
 
     def touch_queue(self, name: str, now: float) -> None:
         with self._tx() as db:
@@ -195,6 +198,14 @@ class SqliteStore:
                 "UPDATE queues SET last_activity = ? WHERE name = ? AND last_activity < ?",
                 (now, name, now),
             )
+
+    def queue_counter(self, name: str, add: int) -> int:
+        with self._tx() as db:
+            row = db.execute(
+                "UPDATE queues SET counter = counter + ? WHERE name = ? RETURNING counter",
+                (add, name),
+            ).fetchone()
+        return 0 if row is None else int(row[0])
 
     # --- invocations --------------------------------------------------------
     def insert(self, inv: Invocation) -> Invocation | None:

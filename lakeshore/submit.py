@@ -1,0 +1,103 @@
+"""What one submit carries besides the call: ids, options, and reading outcomes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .errors import CancelledError, ExpiredInvocation, InvocationDead
+from .plane.model import Invocation, RetryPolicy, State
+from .wire import decode_error, decode_result
+
+if TYPE_CHECKING:
+    from .dispatch import Dispatch
+
+__all__ = ["SubmitOptions", "key_id", "new_id", "outcome"]
+
+_ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+
+
+def new_id() -> str:
+    """A fresh invocation id: time-ordered, 26 characters, unique without coordination."""
+    ms = int(time.time() * 1000)
+    rand = int.from_bytes(os.urandom(10), "big")
+    n = (ms << 80) | rand
+    chars = []
+    for _ in range(26):
+        n, r = divmod(n, 32)
+        chars.append(_ID_ALPHABET[r])
+    return "".join(reversed(chars))
+
+
+def key_id(queue: str, key: str) -> str:
+    """The invocation id an idempotency key stands for (per queue)."""
+    return "k" + hashlib.sha256(f"{queue}\0{key}".encode()).hexdigest()[:31]
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """The framework's options of one submit (the ``_``-prefixed keywords)."""
+
+    dispatch: Dispatch | None = None
+    priority: float | None = None
+    delay: float = 0.0
+    timeout: float | None = None
+    max_attempts: int | None = None
+    idempotency_key: str | None = None
+    id: str | None = None
+    retry: RetryPolicy | None = None
+
+    #: keyword → field, for ``submit(..., _priority=3)``
+    FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "dispatch",
+            "priority",
+            "delay",
+            "timeout",
+            "max_attempts",
+            "idempotency_key",
+            "id",
+            "retry",
+        }
+    )
+
+    @classmethod
+    def split(
+        cls, kwargs: dict[str, Any], base: SubmitOptions | None = None
+    ) -> tuple[SubmitOptions, dict[str, Any]]:
+        """Separate ``_``-prefixed framework keywords from the function's own."""
+        ours = {k[1:]: v for k, v in kwargs.items() if k.startswith("_")}
+        theirs = {k: v for k, v in kwargs.items() if not k.startswith("_")}
+        unknown = set(ours) - cls.FIELDS
+        if unknown:
+            allowed = ", ".join(sorted("_" + f for f in cls.FIELDS))
+            raise TypeError(
+                f"unknown submit option(s) {', '.join('_' + u for u in sorted(unknown))}; "
+                f"keywords starting with '_' are Lakeshore's: {allowed}"
+            )
+        merged = {**(base.__dict__ if base else {}), **{k: v for k, v in ours.items()}}
+        if isinstance(merged.get("retry"), int):
+            merged["retry"] = RetryPolicy(max=merged["retry"])
+        return cls(**merged), theirs
+
+
+def outcome(rec: Invocation, now: float) -> Any:
+    """The value of a finished invocation, or the exception it stands for."""
+    if rec.is_expired(now):
+        raise ExpiredInvocation(
+            f"invocation {rec.id!r} finished {rec.state.value}; its result passed retention"
+        )
+    if rec.state is State.SUCCEEDED:
+        assert rec.result is not None
+        return decode_result(rec.result)
+    message = str((rec.error or {}).get("message") or "")
+    if rec.state is State.CANCELLED:
+        raise CancelledError(f"invocation {rec.id!r} was cancelled")
+    if rec.state is State.DEAD:
+        raise InvocationDead(f"invocation {rec.id!r} is dead: {message}")
+    if rec.state is State.FAILED:
+        raise decode_error(rec.error or {"message": "failed"})
+    raise AssertionError(f"outcome() of an unfinished invocation ({rec.state})")
