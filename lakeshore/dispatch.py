@@ -24,6 +24,7 @@ from . import config
 from .clock import Clock
 from .errors import QueueNotFound
 from .plane import Plane, QueueSpec, Submission
+from .plane.kinds import check_settings
 from .stores import SqliteStore
 from .transport import Transport
 
@@ -108,6 +109,7 @@ class Dispatch:
         with self._lock:
             known = self._queues.get(spec.name)
         if known is not None:
+            check_settings(spec, known, check)
             return known
         if warn_missing and not strict:
             try:

@@ -41,7 +41,6 @@ from ..errors import (
     IdempotencyConflict,
     InvalidRequest,
     LeaseLost,
-    QueueMismatch,
     QueueNotFound,
     UnknownInvocation,
 )
@@ -50,7 +49,7 @@ from .kinds import (
     BOLTZMANN_CANDIDATES,
     anneal_origin,
     boltzmann_order,
-    comparable,
+    check_settings,
     running_cap,
     temperature,
     validate_spec,
@@ -136,11 +135,7 @@ class Plane:
                 raise QueueNotFound(f"queue {spec.name!r} does not exist (strict mode)")
             now = self.clock.now()
             stored = self.store.put_queue(anneal_origin(spec, now, 0), now)
-        wanted, have = comparable(spec), comparable(stored)
-        diff = [k for k in check if wanted[k] != have[k]]
-        if diff:
-            detail = ", ".join(f"{k}={have[k]!r} (handle asks {wanted[k]!r})" for k in diff)
-            raise QueueMismatch(f"queue {spec.name!r} exists with {detail}")
+        check_settings(spec, stored, check)
         return stored
 
     def get_queue(self, name: str) -> QueueSpec:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, QueueMismatch
 from .model import Invocation, QueueSpec
 from .ordering import KINDS
 
@@ -29,6 +29,7 @@ __all__ = [
     "BOLTZMANN_CANDIDATES",
     "anneal_origin",
     "boltzmann_order",
+    "check_settings",
     "comparable",
     "running_cap",
     "temperature",
@@ -86,6 +87,15 @@ def comparable(spec: QueueSpec) -> dict[str, Any]:
     if settings.get("anneal"):
         settings["anneal"] = {k: v for k, v in settings["anneal"].items() if k != "origin"}
     return settings
+
+
+def check_settings(wanted: QueueSpec, stored: QueueSpec, check: Iterable[str]) -> None:
+    """Raise :class:`QueueMismatch` if a setting named in ``check`` differs."""
+    want, have = comparable(wanted), comparable(stored)
+    diff = [k for k in check if want[k] != have[k]]
+    if diff:
+        detail = ", ".join(f"{k}={have[k]!r} (handle asks {want[k]!r})" for k in diff)
+        raise QueueMismatch(f"queue {stored.name!r} exists with {detail}")
 
 
 def anneal_origin(spec: QueueSpec, now: float, claims: int) -> QueueSpec:
