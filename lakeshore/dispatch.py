@@ -155,6 +155,22 @@ class Dispatch:
             self.ensure_queue(spec, strict=strict, check=check)
             return self.transport.submit(subs)
 
+    # --- queue administration -------------------------------------------------------------
+    def queues(self) -> list[dict[str, Any]]:
+        """Every queue: ``spec``, ``last_activity`` (submit or claim) and ``counts``."""
+        return self.transport.list_queues()
+
+    def delete_queue(self, name: str, *, force: bool = False) -> int:
+        """Remove a queue (with ``force`` even when work is pending or running)."""
+        self.forget_queue(name)
+        return self.transport.delete_queue(name, force=force)
+
+    def prune_queues(self, older_than: float) -> list[str]:
+        """Remove queues idle for ``older_than`` seconds with nothing pending or running."""
+        with self._lock:
+            self._queues.clear()
+        return self.transport.prune_queues(older_than)
+
     # --- lifecycle -----------------------------------------------------------------------
     def close(self) -> None:
         if not self._closed:

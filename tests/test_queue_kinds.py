@@ -382,12 +382,14 @@ def test_listing_shows_last_activity_and_prune_removes_idle_queues() -> None:
         plane = dp.transport
         (claim,) = plane.claim(["old"], "w")
         plane.complete(claim.id, claim.lease_token, dls_result())
-        listed = {x["spec"].name: x["last_activity"] for x in plane.list_queues()}
-        assert listed["busy"] == clock.now()
+        listed = {x["spec"].name: x for x in dp.queues()}
+        assert listed["busy"]["last_activity"] == clock.now()
+        assert listed["busy"]["counts"]["pending"] == 1
+        assert listed["old"]["counts"]["succeeded"] == 1
         clock.advance(8 * 86400)
         # "old" is idle for 8 days and drained; "busy" still has pending work
-        assert plane.prune_queues(7 * 86400) == ["old"]
-        assert [x["spec"].name for x in plane.list_queues()] == ["busy"]
+        assert dp.prune_queues(7 * 86400) == ["old"]
+        assert [x["spec"].name for x in dp.queues()] == ["busy"]
 
 
 # --- live changes --------------------------------------------------------------------------
