@@ -21,11 +21,13 @@ Callback = Callable[[Invocation], None]
 
 
 class _Watch:
+    """One watch over some ids; it fires once per id."""
+
     __slots__ = ("callback", "fired")
 
     def __init__(self, callback: Callback) -> None:
         self.callback = callback
-        self.fired = False
+        self.fired: set[str] = set()
 
 
 class Changes:
@@ -89,8 +91,8 @@ class Changes:
                 if rec.state not in FINISHED:
                     continue
                 for entry in self._watches.pop(rec.id, ()):
-                    if not entry.fired:
-                        entry.fired = True
+                    if rec.id not in entry.fired:
+                        entry.fired.add(rec.id)
                         due.append((entry, rec))
             self._generation += 1
             self._cond.notify_all()

@@ -328,6 +328,8 @@ class Plane:
 
     def set_priority(self, inv_id: str, priority: float) -> Invocation:
         """Change a pending invocation's priority (its place in a priority queue)."""
+        if not math.isfinite(priority):
+            raise InvalidRequest("priority must be a finite number")
         while True:
             rec = self.get(inv_id)
             if rec.state is not State.PENDING:
@@ -521,7 +523,7 @@ class Plane:
         updated = self._fail_or_retry(rec, error, retryable=retryable)
         if updated is None:
             raise self._refusal(inv_id, lease_token)
-        return updated.state
+        return updated.public_state(self.clock.now())
 
     def _fail_or_retry(
         self, rec: Invocation, error: dict[str, Any], *, retryable: bool
@@ -672,3 +674,7 @@ def _validate_submission(sub: Submission) -> None:
         raise InvalidRequest("max_attempts must be at least 1")
     if not math.isfinite(sub.priority):
         raise InvalidRequest("priority must be a finite number")
+    if not math.isfinite(sub.delay) or sub.delay < 0:
+        raise InvalidRequest("delay must be a finite number of seconds >= 0")
+    if sub.timeout is not None and not math.isfinite(sub.timeout):
+        raise InvalidRequest("timeout must be a finite number of seconds")

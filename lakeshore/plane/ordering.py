@@ -33,7 +33,8 @@ def _time_key(t: float) -> int:
 
 def _desc_priority(priority: float) -> str:
     """A hex string that sorts higher priorities first (IEEE-754 order trick)."""
-    (bits,) = struct.unpack(">Q", struct.pack(">d", float(priority)))
+    # + 0.0 folds -0.0 into 0.0, so equal priorities stay first-in, first-out
+    (bits,) = struct.unpack(">Q", struct.pack(">d", float(priority) + 0.0))
     # map to an unsigned order-preserving integer, then invert for descending
     bits = bits ^ _MAX64 if bits >> 63 else bits | (1 << 63)
     return f"{_MAX64 - bits:016x}"

@@ -1,0 +1,944 @@
+"""Store conformance: every Store primitive, as the protocol documents it, on every store.
+
+Each test takes the one ``store`` fixture, parametrised over :data:`STORES`. A new store
+(DynamoDB under moto, say) joins the suite by adding one entry to that table; nothing else
+in this file names a store. The second half runs each queue kind's ordering through the
+plane core over each store, since the order a claim hands work out is where a store's
+sort and the core's order keys meet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dreamlake.lakeshore.clock import FakeClock
+from dreamlake.lakeshore.plane import (
+    Invocation,
+    Plane,
+    QueueSpec,
+    RetryPolicy,
+    State,
+    Store,
+    Submission,
+)
+from dreamlake.lakeshore.stores import SqliteStore
+
+# ---------------------------------------------------------------------------------------
+# The stores under test.
+#
+# Each entry is a context manager: given a scratch directory, it sets up one store (and
+# whatever it needs, e.g. a moto mock and tables built from template.yaml) and yields an
+# opener. Each call of the opener returns a new handle; when the store is ``shared``, every
+# handle sees the same data (as separate processes would). The ``store`` fixture closes
+# the handles, then leaves the context. To run the whole suite on another store, write its
+# context manager and add one line to STORES.
+# ---------------------------------------------------------------------------------------
+Opener = Callable[[], Store]
+
+
+@contextmanager
+def sqlite_memory(scratch: Path) -> Iterator[Opener]:
+    # Each ":memory:" handle is its own private database.
+    yield lambda: SqliteStore(":memory:")
+
+
+@contextmanager
+def sqlite_file(scratch: Path) -> Iterator[Opener]:
+    yield lambda: SqliteStore(scratch / "plane.db")
+
+
+STORES: dict[str, Callable[[Path], AbstractContextManager[Opener]]] = {
+    "sqlite-memory": sqlite_memory,
+    "sqlite-file": sqlite_file,
+}
+#: the stores whose handles share data, as separate processes would
+SHARED_STORES = ["sqlite-file"]
+
+T0 = 1_700_000_000.0
+_OPENER = pytest.StashKey[Opener]()
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """A fresh store of each kind in STORES; every handle opened on it is closed after."""
+    handles: list[Store] = []
+    with STORES[request.param](tmp_path) as opener:
+
+        def open_handle() -> Store:
+            handle = opener()
+            handles.append(handle)
+            return handle
+
+        request.node.stash[_OPENER] = open_handle
+        try:
+            yield open_handle()
+        finally:
+            for handle in reversed(handles):
+                handle.close()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Every store test runs on every store; those that open a second handle, on the
+    # shared stores only.
+    if "store" in metafunc.fixturenames:
+        shared = "open_another" in metafunc.fixturenames
+        metafunc.parametrize("store", SHARED_STORES if shared else list(STORES), indirect=True)
+
+
+@pytest.fixture
+def open_another(store: Store, request: pytest.FixtureRequest) -> Opener:
+    """Opens another handle onto ``store``'s data: what a second process would hold."""
+    assert store.shared
+    return request.node.stash[_OPENER]
+
+
+def record(
+    inv_id: str,
+    queue: str = "q",
+    *,
+    state: State = State.PENDING,
+    order_key: str | None = None,
+    available_at: float = T0,
+    **fields: Any,
+) -> Invocation:
+    """An invocation record as the core would build it; ``order_key`` defaults to the id."""
+    return Invocation(
+        id=inv_id,
+        queue=queue,
+        state=state,
+        payload=fields.pop("payload", b"payload of " + inv_id.encode()),
+        request_digest=fields.pop("request_digest", "digest-" + inv_id),
+        order_key=order_key if order_key is not None else inv_id,
+        priority=fields.pop("priority", 0.0),
+        available_at=available_at,
+        created_at=fields.pop("created_at", T0),
+        max_attempts=fields.pop("max_attempts", 3),
+        **fields,
+    )
+
+
+def insert_all(store: Store, *records: Invocation) -> None:
+    for rec in records:
+        assert store.insert(rec) is None
+
+
+# =======================================================================================
+# Queues
+# =======================================================================================
+
+
+def test_put_queue_creates_the_queue_and_returns_the_stored_spec(store: Store) -> None:
+    # Given a queue spec with non-default settings
+    spec = QueueSpec(
+        "jobs",
+        kind="priority",
+        priority_field="p",
+        elasticity={"kind": "fixed", "max": 4},
+        retry={"max": 2, "backoff": 1.0, "max_backoff": 30.0},
+    )
+    # When it is put into an empty store
+    stored = store.put_queue(spec, T0)
+    # Then the store returns it and keeps it
+    assert stored == spec
+    assert store.get_queue("jobs") == spec
+
+
+def test_put_queue_returns_the_existing_queue_unchanged(store: Store) -> None:
+    # Given a fifo queue
+    store.put_queue(QueueSpec("jobs", kind="fifo"), T0)
+    # When a spec of the same name with other settings is put
+    stored = store.put_queue(QueueSpec("jobs", kind="filo"), T0 + 1)
+    # Then the existing queue is returned and nothing is overwritten
+    assert stored == QueueSpec("jobs", kind="fifo")
+    assert store.get_queue("jobs") == QueueSpec("jobs", kind="fifo")
+
+
+def test_get_queue_of_an_unknown_name_is_none(store: Store) -> None:
+    assert store.get_queue("nope") is None
+
+
+def test_list_queues_lists_every_queue_with_its_last_activity(store: Store) -> None:
+    # Given two queues created at different times
+    store.put_queue(QueueSpec("a"), T0)
+    store.put_queue(QueueSpec("b", kind="filo"), T0 + 5)
+    # When they are listed
+    listed = {spec.name: (spec, last) for spec, last in store.list_queues()}
+    # Then each comes with its spec and last activity
+    assert listed == {"a": (QueueSpec("a"), T0), "b": (QueueSpec("b", kind="filo"), T0 + 5)}
+
+
+def test_touch_queue_records_later_activity(store: Store) -> None:
+    # Given a queue created at T0
+    store.put_queue(QueueSpec("a"), T0)
+    # When activity is recorded later
+    store.touch_queue("a", T0 + 30)
+    # Then the listing shows it
+    assert store.list_queues() == [(QueueSpec("a"), T0 + 30)]
+
+
+def test_replace_queue_overwrites_an_existing_queue(store: Store) -> None:
+    # Given a fifo queue
+    store.put_queue(QueueSpec("jobs"), T0)
+    # When it is replaced with other settings
+    replaced = store.replace_queue(QueueSpec("jobs", elasticity={"kind": "fixed", "max": 2}), T0)
+    # Then the new settings are stored
+    assert replaced is True
+    assert store.get_queue("jobs") == QueueSpec("jobs", elasticity={"kind": "fixed", "max": 2})
+
+
+def test_replace_queue_of_a_missing_queue_is_false_and_creates_nothing(store: Store) -> None:
+    assert store.replace_queue(QueueSpec("ghost"), T0) is False
+    assert store.get_queue("ghost") is None
+
+
+def test_delete_queue_removes_the_queue_and_only_its_invocations(store: Store) -> None:
+    # Given two queues with invocations in several states
+    store.put_queue(QueueSpec("doomed"), T0)
+    store.put_queue(QueueSpec("kept"), T0)
+    insert_all(
+        store,
+        record("d1", "doomed"),
+        record("d2", "doomed", state=State.RUNNING),
+        record("d3", "doomed", state=State.SUCCEEDED),
+        record("k1", "kept"),
+    )
+    # When one queue is deleted
+    gone = store.delete_queue("doomed")
+    # Then it and its invocations are gone, and the other queue is untouched
+    assert gone == 3
+    assert store.get_queue("doomed") is None
+    assert store.get_many(["d1", "d2", "d3"]) == []
+    assert store.get_queue("kept") == QueueSpec("kept")
+    assert store.get("k1") is not None
+
+
+def test_delete_queue_without_invocations_keeps_its_invocations(store: Store) -> None:
+    # Given a queue with a finished invocation
+    store.put_queue(QueueSpec("done"), T0)
+    insert_all(store, record("d1", "done", state=State.SUCCEEDED, result=b"r"))
+    # When the queue alone is deleted
+    gone = store.delete_queue("done", invocations=False)
+    # Then the queue is gone and its invocation stays readable
+    assert gone == 0
+    assert store.get_queue("done") is None
+    assert store.get("d1") == record("d1", "done", state=State.SUCCEEDED, result=b"r")
+
+
+def test_queue_counter_adds_and_returns_the_new_value(store: Store) -> None:
+    # Given a new queue
+    store.put_queue(QueueSpec("jobs"), T0)
+    # Then its counter starts at zero and adds up
+    assert store.queue_counter("jobs", 0) == 0
+    assert store.queue_counter("jobs", 3) == 3
+    assert store.queue_counter("jobs", 2) == 5
+    assert store.queue_counter("jobs", 0) == 5
+
+
+def test_queue_counter_of_a_missing_queue_is_zero_and_creates_nothing(store: Store) -> None:
+    assert store.queue_counter("ghost", 4) == 0
+    assert store.get_queue("ghost") is None
+
+
+def test_queue_counter_adds_atomically_from_many_threads(store: Store) -> None:
+    # Given a queue and 8 threads that each add 1 fifty times
+    store.put_queue(QueueSpec("jobs"), T0)
+    start = threading.Barrier(8)
+
+    def add_fifty(_: int) -> None:
+        start.wait(timeout=30)
+        for _ in range(50):
+            store.queue_counter("jobs", 1)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(add_fifty, range(8)))
+    # Then no add was lost
+    assert store.queue_counter("jobs", 0) == 400
+
+
+def test_queue_counter_adds_atomically_from_two_handles_on_the_same_data(
+    store: Store, open_another: Opener
+) -> None:
+    # Given a queue and a second handle onto the same data (another process)
+    store.put_queue(QueueSpec("jobs"), T0)
+    handles = [store, open_another()] * 4
+    start = threading.Barrier(len(handles))
+
+    def add_fifty(n: int) -> None:
+        start.wait(timeout=30)
+        for _ in range(50):
+            handles[n].queue_counter("jobs", 1)
+
+    # When 8 threads on the two handles each add 1 fifty times
+    with ThreadPoolExecutor(max_workers=len(handles)) as pool:
+        list(pool.map(add_fifty, range(len(handles))))
+    # Then no add was lost
+    assert store.queue_counter("jobs", 0) == 400
+
+
+# =======================================================================================
+# Invocations: insert, get, get_many
+# =======================================================================================
+
+
+def test_insert_of_a_new_id_returns_none_and_keeps_every_field(store: Store) -> None:
+    # Given a record with every optional field set
+    rec = record(
+        "full",
+        state=State.RUNNING,
+        priority=-2.5,
+        timeout=30.0,
+        retry=RetryPolicy(max=2, backoff=0.5, max_backoff=10.0),
+        attempt=2,
+        lease_token="tok",
+        lease_expires_at=T0 + 60,
+        worker="w1",
+        started_at=T0 + 1,
+        finished_at=T0 + 2,
+        expires_at=T0 + 3,
+        result=b"\x00\xffresult",
+        error={"type": "ValueError", "message": "bad", "traceback": "", "pickled": b"\x80"},
+    )
+    # When it is inserted
+    outcome = store.insert(rec)
+    # Then it is new, and reads back equal field for field
+    assert outcome is None
+    assert store.get("full") == rec
+
+
+def test_insert_of_an_existing_id_returns_the_existing_record_and_changes_nothing(
+    store: Store,
+) -> None:
+    # Given a stored record
+    original = record("dup", payload=b"first")
+    insert_all(store, original)
+    # When another record with the same id is inserted
+    existing = store.insert(record("dup", payload=b"second", request_digest="other"))
+    # Then the stored record is returned and kept
+    assert existing == original
+    assert store.get("dup") == original
+
+
+def test_get_of_a_missing_id_is_none(store: Store) -> None:
+    assert store.get("missing") is None
+
+
+def test_get_many_returns_the_records_that_exist_and_leaves_out_missing_ones(
+    store: Store,
+) -> None:
+    # Given two stored records
+    insert_all(store, record("a"), record("b"))
+    # When three ids (one missing, one repeated) are read
+    got = store.get_many(["a", "missing", "b", "a"])
+    # Then each existing record comes back once
+    assert sorted(r.id for r in got) == ["a", "b"]
+
+
+def test_get_many_reads_more_ids_than_one_chunk(store: Store) -> None:
+    # Given 1,200 records (more than two 500-id chunks)
+    ids = [f"inv-{i:04d}" for i in range(1200)]
+    insert_all(store, *(record(i) for i in ids))
+    # When all of them and some missing ones are asked for
+    got = store.get_many([*ids, "missing-1", "missing-2"])
+    # Then every existing record comes back exactly once
+    assert sorted(r.id for r in got) == ids
+
+
+def test_get_many_of_no_ids_is_empty(store: Store) -> None:
+    assert store.get_many([]) == []
+
+
+# =======================================================================================
+# update_if: compare-and-set
+# =======================================================================================
+
+
+def test_update_if_with_a_matching_expect_applies_and_returns_the_new_record(
+    store: Store,
+) -> None:
+    # Given a pending record
+    insert_all(store, record("a"))
+    # When it is moved to running on the condition that it is still pending at attempt 0
+    updated = store.update_if(
+        "a",
+        {"state": State.PENDING, "attempt": 0},
+        {"state": State.RUNNING, "attempt": 1, "lease_token": "t1", "worker": "w"},
+    )
+    # Then the returned record carries the changes and keeps every other field
+    expected = record("a", state=State.RUNNING, attempt=1, lease_token="t1", worker="w")
+    assert updated == expected
+    assert store.get("a") == expected
+
+
+def test_update_if_with_a_mismatched_expect_returns_none_and_changes_nothing(
+    store: Store,
+) -> None:
+    # Given a running record
+    original = record("a", state=State.RUNNING, attempt=1, lease_token="t1")
+    insert_all(store, original)
+    # When an update expects another lease token
+    updated = store.update_if(
+        "a", {"state": State.RUNNING, "lease_token": "t0"}, {"state": State.SUCCEEDED}
+    )
+    # Then it is refused and the record is as it was
+    assert updated is None
+    assert store.get("a") == original
+
+
+def test_update_if_of_a_missing_record_returns_none_and_creates_nothing(store: Store) -> None:
+    assert store.update_if("ghost", {"state": State.PENDING}, {"attempt": 1}) is None
+    assert store.get("ghost") is None
+
+
+def test_update_if_expect_none_means_the_field_is_null(store: Store) -> None:
+    # Given a record without a lease token and one with a token
+    insert_all(store, record("free"), record("held", lease_token="t1"))
+    # When each is updated on the condition that its token is null
+    free = store.update_if("free", {"lease_token": None}, {"worker": "w"})
+    held = store.update_if("held", {"lease_token": None}, {"worker": "w"})
+    # Then only the record whose token is null changes
+    assert free is not None and free.worker == "w"
+    assert held is None
+    assert store.get("held") == record("held", lease_token="t1")
+
+
+def test_update_if_can_set_fields_back_to_null(store: Store) -> None:
+    # Given a running record with a lease
+    insert_all(store, record("a", state=State.RUNNING, lease_token="t", lease_expires_at=T0))
+    # When its lease fields are cleared
+    updated = store.update_if(
+        "a",
+        {"lease_token": "t"},
+        {"state": State.PENDING, "lease_token": None, "lease_expires_at": None},
+    )
+    # Then they read back as None
+    assert updated == record("a")
+    assert store.get("a") == record("a")
+
+
+def test_update_if_stores_structured_values(store: Store) -> None:
+    # Given a running record
+    insert_all(store, record("a", state=State.RUNNING, lease_token="t"))
+    error = {"type": "KeyError", "message": "'k'", "traceback": "tb", "pickled": None}
+    # When it fails with an error dict and gets a retry policy
+    updated = store.update_if(
+        "a",
+        {"lease_token": "t"},
+        {"state": State.FAILED, "error": error, "retry": RetryPolicy(max=1)},
+    )
+    # Then both round-trip
+    assert updated is not None
+    assert (updated.error, updated.retry) == (error, RetryPolicy(max=1))
+    assert store.get("a") == updated
+
+
+@pytest.mark.parametrize(
+    ("expect", "changes"),
+    [
+        ({"no_such_field": 1}, {"attempt": 1}),
+        ({"state": State.PENDING}, {"no_such_field": 1}),
+    ],
+    ids=["in-expect", "in-changes"],
+)
+def test_update_if_rejects_unknown_field_names(
+    store: Store, expect: dict[str, Any], changes: dict[str, Any]
+) -> None:
+    # Given a record
+    insert_all(store, record("a"))
+    # When an update names a field no invocation has
+    # Then it raises ValueError and the record is unchanged
+    with pytest.raises(ValueError):
+        store.update_if("a", expect, changes)
+    assert store.get("a") == record("a")
+
+
+def test_update_if_running_below_caps_running_invocations_of_the_records_queue(
+    store: Store,
+) -> None:
+    # Given two running invocations in another queue and three pending in q
+    insert_all(
+        store,
+        record("o1", "other", state=State.RUNNING),
+        record("o2", "other", state=State.RUNNING),
+        record("a"),
+        record("b"),
+        record("c"),
+    )
+    start = {"state": State.RUNNING}
+    # When q's first is started with running_below=1: only q's running ones count
+    first = store.update_if("a", {"state": State.PENDING}, start, running_below=1)
+    # And a second is started with the same cap
+    second = store.update_if("b", {"state": State.PENDING}, start, running_below=1)
+    # Then the first is applied and the second refused while the cap is reached
+    assert first is not None and first.state is State.RUNNING
+    assert second is None
+    assert store.get("b") == record("b")
+    # And a higher cap lets the next one start
+    assert store.update_if("b", {"state": State.PENDING}, start, running_below=2) is not None
+    assert store.update_if("c", {"state": State.PENDING}, start, running_below=2) is None
+
+
+def test_update_if_racing_on_one_handle_has_exactly_one_winner(store: Store) -> None:
+    # Given a pending record and 16 threads that each try to take it
+    insert_all(store, record("prize"))
+    winners = _race_for(["prize"], [store] * 16)
+    # Then exactly one took it, and the record holds that one's token
+    assert len(winners) == 1
+    assert [r.lease_token for r in store.get_many(["prize"])] == winners
+
+
+def test_update_if_racing_from_two_handles_on_the_same_data_has_exactly_one_winner(
+    store: Store, open_another: Opener
+) -> None:
+    # Given a pending record and a second handle onto the same data (another process)
+    insert_all(store, record("prize"))
+    other = open_another()
+    # When 24 threads, split between the two handles, each try to take it
+    winners = _race_for(["prize"], [store, other] * 12)
+    # Then exactly one took it, and both handles see that one's token
+    assert len(winners) == 1
+    assert [r.lease_token for r in store.get_many(["prize"])] == winners
+    assert [r.lease_token for r in other.get_many(["prize"])] == winners
+
+
+def test_update_if_racing_over_many_records_gives_each_record_one_winner(
+    store: Store, open_another: Opener
+) -> None:
+    # Given 20 pending records and a second handle onto the same data
+    ids = [f"job-{i}" for i in range(20)]
+    insert_all(store, *(record(i) for i in ids))
+    other = open_another()
+    # When 8 threads on two handles each try to take every record
+    winners = _race_for(ids, [store, other] * 4)
+    # Then every record was taken exactly once
+    assert len(winners) == len(ids)
+    assert sorted(str(r.lease_token) for r in store.get_many(ids)) == sorted(winners)
+
+
+def _race_for(ids: list[str], handles: list[Store]) -> list[str]:
+    """Threads (one per handle) each try to lease every id; return the winning tokens."""
+    start = threading.Barrier(len(handles))
+
+    def contender(n: int) -> list[str]:
+        handle = handles[n]
+        start.wait(timeout=30)
+        won = []
+        for inv_id in ids:
+            token = f"t{n}-{inv_id}"
+            updated = handle.update_if(
+                inv_id,
+                {"state": State.PENDING, "attempt": 0},
+                {"state": State.RUNNING, "attempt": 1, "lease_token": token},
+            )
+            if updated is not None:
+                assert updated.lease_token == token
+                won.append(token)
+        return won
+
+    with ThreadPoolExecutor(max_workers=len(handles)) as pool:
+        results = list(pool.map(contender, range(len(handles))))
+    return [token for won in results for token in won]
+
+
+# =======================================================================================
+# pending, next_available_at, expired_leases, counts
+# =======================================================================================
+
+
+def test_pending_returns_invocations_by_order_key(store: Store) -> None:
+    # Given pending records inserted out of order
+    insert_all(store, record("b"), record("c"), record("a"), record("d", order_key="0"))
+    # When the pending ones are read
+    got = store.pending("q", T0, 10)
+    # Then they come in ascending order_key
+    assert [r.id for r in got] == ["d", "a", "b", "c"]
+
+
+def test_pending_returns_only_invocations_available_by_now(store: Store) -> None:
+    # Given records available in the past, exactly now, and later
+    insert_all(
+        store,
+        record("past", available_at=T0 - 1),
+        record("now", available_at=T0),
+        record("later", available_at=T0 + 0.5),
+    )
+    # When pending is read at T0
+    got = store.pending("q", T0, 10)
+    # Then the later one is left out
+    assert sorted(r.id for r in got) == ["now", "past"]
+
+
+def test_pending_returns_at_most_limit_from_the_head(store: Store) -> None:
+    insert_all(store, *(record(f"k{i}") for i in range(5)))
+    assert [r.id for r in store.pending("q", T0, 2)] == ["k0", "k1"]
+
+
+def test_pending_returns_only_pending_invocations(store: Store) -> None:
+    # Given one record in each state
+    insert_all(store, *(record(s.value, state=s) for s in State if s is not State.SCHEDULED))
+    # When pending is read
+    got = store.pending("q", T0, 10)
+    # Then only the pending one is there
+    assert [r.id for r in got] == ["pending"]
+
+
+def test_pending_returns_only_its_queue(store: Store) -> None:
+    insert_all(store, record("mine", "q"), record("theirs", "other"))
+    assert [r.id for r in store.pending("q", T0, 10)] == ["mine"]
+
+
+def test_next_available_at_is_the_earliest_pending_available_time(store: Store) -> None:
+    # Given pending records due later and a running one due earliest, plus another queue
+    insert_all(
+        store,
+        record("soon", available_at=T0 + 5),
+        record("later", available_at=T0 + 9),
+        record("running", state=State.RUNNING, available_at=T0 + 1),
+        record("theirs", "other", available_at=T0 + 2),
+    )
+    # Then the earliest among q's pending ones is answered
+    assert store.next_available_at("q") == T0 + 5
+
+
+def test_next_available_at_of_a_queue_without_pending_work_is_none(store: Store) -> None:
+    insert_all(store, record("done", state=State.SUCCEEDED))
+    assert store.next_available_at("q") is None
+    assert store.next_available_at("empty") is None
+
+
+def test_expired_leases_lists_running_invocations_whose_lease_has_passed(store: Store) -> None:
+    # Given running records with leases in the past and in the future, in two queues,
+    # and a finished record with a stale lease time
+    insert_all(
+        store,
+        record("lapsed", state=State.RUNNING, lease_expires_at=T0 - 10),
+        record("lapsed-other", "other", state=State.RUNNING, lease_expires_at=T0 - 1),
+        record("held", state=State.RUNNING, lease_expires_at=T0 + 10),
+        record("done", state=State.SUCCEEDED, lease_expires_at=T0 - 10),
+    )
+    # When expired leases are read at T0
+    got = store.expired_leases(T0, 10)
+    # Then only the lapsed running ones are listed, from every queue
+    assert sorted(r.id for r in got) == ["lapsed", "lapsed-other"]
+
+
+def test_expired_leases_returns_at_most_limit(store: Store) -> None:
+    insert_all(
+        store,
+        *(record(f"r{i}", state=State.RUNNING, lease_expires_at=T0 - 1 - i) for i in range(5)),
+    )
+    assert len(store.expired_leases(T0, 3)) == 3
+
+
+def test_counts_counts_a_queues_invocations_by_state_with_scheduled_split_out(
+    store: Store,
+) -> None:
+    # Given two due pending, one not-yet-due pending, running, finished, and another queue
+    insert_all(
+        store,
+        record("p1"),
+        record("p2", available_at=T0 - 3),
+        record("s1", available_at=T0 + 3),
+        record("r1", state=State.RUNNING),
+        record("ok", state=State.SUCCEEDED),
+        record("bad", state=State.FAILED),
+        record("x", state=State.CANCELLED),
+        record("lost", state=State.DEAD),
+        record("theirs", "other"),
+    )
+    # When q is counted at T0
+    counts = store.counts("q", T0)
+    # Then each state is counted (states with no invocations may be absent)
+    assert {k: v for k, v in counts.items() if v} == {
+        "pending": 2,
+        "scheduled": 1,
+        "running": 1,
+        "succeeded": 1,
+        "failed": 1,
+        "cancelled": 1,
+        "dead": 1,
+    }
+
+
+def test_counts_of_an_empty_queue_has_no_invocations(store: Store) -> None:
+    assert not any(store.counts("empty", T0).values())
+
+
+# =======================================================================================
+# purge
+# =======================================================================================
+
+
+def test_purge_strips_expired_data_and_deletes_records_past_the_tombstone(
+    store: Store,
+) -> None:
+    # Given finished records past expiry, past the tombstone, not yet expired, and a
+    # pending record that never expires
+    tombstone_until = T0 - 100
+    insert_all(
+        store,
+        record("expired", state=State.SUCCEEDED, expires_at=T0 - 1, result=b"r"),
+        record("buried", state=State.FAILED, expires_at=tombstone_until - 1, result=b"r"),
+        record("fresh", state=State.SUCCEEDED, expires_at=T0 + 1, result=b"r"),
+        record("waiting"),
+    )
+    # When the store is purged
+    touched = store.purge(T0, tombstone_until)
+    # Then the expired record loses payload and result but is still known
+    expired = store.get("expired")
+    assert expired is not None
+    assert (expired.payload, expired.result, expired.state) == (None, None, State.SUCCEEDED)
+    # And the record past its tombstone is gone
+    assert store.get("buried") is None
+    # And the others keep their data
+    assert store.get("fresh") == record(
+        "fresh", state=State.SUCCEEDED, expires_at=T0 + 1, result=b"r"
+    )
+    assert store.get("waiting") == record("waiting")
+    assert touched == 2
+
+
+def test_purge_twice_touches_nothing_the_second_time(store: Store) -> None:
+    insert_all(store, record("expired", state=State.SUCCEEDED, expires_at=T0 - 1))
+    assert store.purge(T0, T0 - 100) == 1
+    assert store.purge(T0, T0 - 100) == 0
+
+
+# =======================================================================================
+# Blobs
+# =======================================================================================
+
+
+def test_put_blob_then_get_blob_returns_the_bytes(store: Store) -> None:
+    store.put_blob("d1", b"\x00body\xff", T0)
+    assert store.get_blob("d1") == b"\x00body\xff"
+
+
+def test_get_blob_of_a_missing_digest_is_none(store: Store) -> None:
+    assert store.get_blob("missing") is None
+
+
+def test_put_blob_twice_is_a_no_op(store: Store) -> None:
+    # Given a stored blob
+    store.put_blob("d1", b"first", T0)
+    # When the same digest is put again
+    store.put_blob("d1", b"first", T0 + 1)
+    store.put_blob("d1", b"other bytes", T0 + 2)
+    # Then the first bytes stay
+    assert store.get_blob("d1") == b"first"
+
+
+def test_has_blobs_answers_which_digests_are_stored(store: Store) -> None:
+    # Given 700 stored blobs (more than one 500-digest chunk)
+    stored = {f"d{i:03d}" for i in range(700)}
+    for digest in stored:
+        store.put_blob(digest, digest.encode(), T0)
+    # When they and some missing digests are asked about
+    found = store.has_blobs([*stored, "missing-1", "missing-2"])
+    # Then exactly the stored ones are found
+    assert found == stored
+    assert store.has_blobs([]) == set()
+
+
+# =======================================================================================
+# Change detection and shared data
+# =======================================================================================
+
+
+def test_another_handle_on_a_shared_store_sees_committed_writes(
+    store: Store, open_another: Opener
+) -> None:
+    # Given a second handle onto the same data
+    other = open_another()
+    # When one handle writes
+    store.put_queue(QueueSpec("jobs"), T0)
+    insert_all(store, record("a", "jobs"))
+    # Then the other reads it
+    assert other.get_queue("jobs") == QueueSpec("jobs")
+    assert other.get("a") == record("a", "jobs")
+
+
+def test_change_marker_changes_when_another_handle_commits(
+    store: Store, open_another: Opener
+) -> None:
+    # Given a second handle onto the same data, and this handle's marker
+    other = open_another()
+    before = store.change_marker()
+    # When the other handle commits a write
+    insert_all(other, record("a"))
+    # Then this handle's marker has changed
+    after = store.change_marker()
+    assert after != before
+    # And changes again on the next commit
+    assert other.update_if("a", {"state": State.PENDING}, {"attempt": 1}) is not None
+    assert store.change_marker() != after
+
+
+# =======================================================================================
+# Queue kinds, ordered through the plane core over each store
+# =======================================================================================
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(T0)
+
+
+@pytest.fixture
+def plane(store: Store, clock: FakeClock) -> Plane:
+    """The plane core over ``store`` (the store fixture closes the store)."""
+    return Plane(store, clock=clock)
+
+
+def queue(plane: Plane, kind: str) -> str:
+    return plane.ensure_queue(QueueSpec(f"{kind}-q", kind=kind)).name
+
+
+def submit(
+    plane: Plane, name: str, inv_id: str, *, priority: float = 0.0, delay: float = 0.0
+) -> list[str]:
+    return plane.submit([Submission(inv_id, name, b"x", priority=priority, delay=delay)])
+
+
+def drain(plane: Plane, name: str) -> list[str]:
+    """Claim one at a time until nothing is claimable; the ids in claim order."""
+    order = []
+    while claims := plane.claim([name], "w"):
+        order.extend(c.id for c in claims)
+    return order
+
+
+def test_fifo_hands_out_the_oldest_first(plane: Plane, clock: FakeClock) -> None:
+    # Given a fifo queue with submissions at successive times
+    q = queue(plane, "fifo")
+    for inv_id in ["first", "second", "third"]:
+        submit(plane, q, inv_id)
+        clock.advance(1)
+    # When it is drained
+    # Then the oldest comes first
+    assert drain(plane, q) == ["first", "second", "third"]
+
+
+def test_fifo_hands_out_same_time_submissions_in_submission_order(plane: Plane) -> None:
+    q = queue(plane, "fifo")
+    for inv_id in ["a", "b", "c", "d"]:
+        submit(plane, q, inv_id)
+    assert drain(plane, q) == ["a", "b", "c", "d"]
+
+
+def test_filo_hands_out_the_newest_first(plane: Plane, clock: FakeClock) -> None:
+    # Given a filo queue with submissions at successive times
+    q = queue(plane, "filo")
+    for inv_id in ["first", "second", "third"]:
+        submit(plane, q, inv_id)
+        clock.advance(1)
+    # When it is drained
+    # Then the newest comes first
+    assert drain(plane, q) == ["third", "second", "first"]
+
+
+def test_filo_hands_out_same_time_submissions_newest_first(plane: Plane) -> None:
+    q = queue(plane, "filo")
+    for inv_id in ["a", "b", "c", "d"]:
+        submit(plane, q, inv_id)
+    assert drain(plane, q) == ["d", "c", "b", "a"]
+
+
+def test_priority_hands_out_the_highest_priority_first(plane: Plane, clock: FakeClock) -> None:
+    # Given a priority queue with mixed priorities, negative and fractional ones included
+    q = queue(plane, "priority")
+    for inv_id, priority in [("low", -3), ("mid", 0.5), ("top", 100), ("zero", 0), ("neg", -0.5)]:
+        submit(plane, q, inv_id, priority=priority)
+        clock.advance(1)
+    # When it is drained
+    # Then the highest priority comes first
+    assert drain(plane, q) == ["top", "mid", "zero", "neg", "low"]
+
+
+def test_priority_hands_out_equal_priorities_oldest_first(plane: Plane, clock: FakeClock) -> None:
+    # Given a priority queue with two priorities, submitted interleaved at the same and
+    # successive times
+    q = queue(plane, "priority")
+    submit(plane, q, "lo-1", priority=1)
+    submit(plane, q, "hi-1", priority=5)
+    submit(plane, q, "lo-2", priority=1)
+    clock.advance(1)
+    submit(plane, q, "hi-2", priority=5)
+    submit(plane, q, "lo-3", priority=1)
+    submit(plane, q, "hi-3", priority=5)
+    # When it is drained
+    # Then each priority comes out in submission order
+    assert drain(plane, q) == ["hi-1", "hi-2", "hi-3", "lo-1", "lo-2", "lo-3"]
+
+
+def test_priority_treats_zero_and_negative_zero_as_one_priority(plane: Plane) -> None:
+    # Given a priority queue where 0.0 and -0.0 (equal numbers) are submitted alternately
+    q = queue(plane, "priority")
+    submit(plane, q, "a", priority=-0.0)
+    submit(plane, q, "b", priority=0.0)
+    submit(plane, q, "c", priority=-0.0)
+    # When it is drained
+    # Then equal priorities stay in submission order
+    assert drain(plane, q) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "filo", "priority"])
+def test_a_delayed_submission_is_not_claimable_before_its_time(
+    plane: Plane, clock: FakeClock, kind: str
+) -> None:
+    # Given a submission delayed by 10 s
+    q = queue(plane, kind)
+    submitted_at = clock.now()
+    submit(plane, q, "later", delay=10)
+    # When a worker claims just before it is due
+    clock.set(submitted_at + 9.999)
+    # Then there is nothing to claim
+    assert plane.claim([q], "w") == []
+    # And once it is due, it is claimed
+    clock.set(submitted_at + 10)
+    assert [c.id for c in plane.claim([q], "w")] == ["later"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("fifo", ["due-at-5", "due-at-10", "due-at-15"]),
+        ("filo", ["due-at-15", "due-at-10", "due-at-5"]),
+        ("priority", ["due-at-5", "due-at-10", "due-at-15"]),
+    ],
+)
+def test_a_delayed_submission_takes_its_place_by_its_available_time(
+    plane: Plane, clock: FakeClock, kind: str, expected: list[str]
+) -> None:
+    # Given one submission at 0 delayed to 10, one at 5, and one at 15 (equal priorities)
+    q = queue(plane, kind)
+    submit(plane, q, "due-at-10", delay=10)
+    clock.advance(5)
+    submit(plane, q, "due-at-5")
+    clock.advance(10)
+    submit(plane, q, "due-at-15")
+    # When the queue is drained once all are due
+    # Then they come in the kind's order of their available times
+    assert drain(plane, q) == expected
+
+
+def test_a_delayed_high_priority_submission_goes_first_once_due(
+    plane: Plane, clock: FakeClock
+) -> None:
+    # Given a priority queue with a delayed high-priority submission and a due low one
+    q = queue(plane, "priority")
+    submit(plane, q, "urgent-later", priority=10, delay=5)
+    submit(plane, q, "routine", priority=1)
+    submit(plane, q, "routine-2", priority=1)
+    # When a worker claims before the delay passes, it gets the due one
+    assert [c.id for c in plane.claim([q], "w")] == ["routine"]
+    # When the delay has passed
+    clock.advance(5)
+    # Then the high priority one goes ahead of the remaining low one
+    assert drain(plane, q) == ["urgent-later", "routine-2"]
