@@ -484,6 +484,19 @@ def test_update_if_running_below_caps_running_invocations_of_the_records_queue(
     assert store.update_if("c", {"state": State.PENDING}, start, running_below=2) is None
 
 
+def test_update_if_deadline_after_refuses_records_past_their_timeout(store: Store) -> None:
+    # Given a running record with a 10 s timeout, started at T0, and one without timeout
+    running = {"state": State.RUNNING, "started_at": T0}
+    insert_all(store, record("t", timeout=10.0, **running), record("n", **running))
+    done = {"state": State.SUCCEEDED}
+    # When an answer arrives after the deadline, it is refused; before it, applied
+    assert store.update_if("t", {"state": State.RUNNING}, done, deadline_after=T0 + 10) is None
+    assert store.get("t").state is State.RUNNING  # type: ignore[union-attr]
+    assert store.update_if("t", {"state": State.RUNNING}, done, deadline_after=T0 + 9.5)
+    # And a record without a timeout has no deadline
+    assert store.update_if("n", {"state": State.RUNNING}, done, deadline_after=T0 + 1e6)
+
+
 def test_update_if_racing_on_one_handle_has_exactly_one_winner(store: Store) -> None:
     # Given a pending record and 16 threads that each try to take it
     insert_all(store, record("prize"))

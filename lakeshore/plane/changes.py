@@ -39,6 +39,7 @@ class Changes:
         self._waiters = 0
         self._watches: dict[str, list[_Watch]] = defaultdict(list)
         self._poller: threading.Thread | None = None
+        self._marker = 0
         self._closed = False
 
     # --- generic wake-ups --------------------------------------------------------
@@ -109,6 +110,9 @@ class Changes:
         if not self._store.shared or self._closed:
             return
         if self._poller is None or not self._poller.is_alive():
+            # Read the marker now, before the caller checks the records it waits for:
+            # any commit after this point is then seen as a change.
+            self._marker = self._store.change_marker()
             self._poller = threading.Thread(
                 target=self._poll, name="lakeshore-changes", daemon=True
             )
@@ -118,7 +122,7 @@ class Changes:
         return not self._closed and (self._waiters > 0 or bool(self._watches))
 
     def _poll(self) -> None:
-        marker = self._store.change_marker()
+        marker = self._marker
         idle_rounds = 0
         while True:
             with self._cond:
@@ -130,7 +134,6 @@ class Changes:
                 else:
                     idle_rounds = 0
                 self._cond.wait(self._poll_interval)
-                watched = list(self._watches)
             try:
                 now_marker = self._store.change_marker()
             except Exception:  # the store was closed under us
@@ -138,6 +141,10 @@ class Changes:
             if now_marker == marker:
                 continue
             marker = now_marker
+            # Take the watched ids only after reading the marker: a watch added since
+            # checked its records itself, after this change was committed.
+            with self._cond:
+                watched = list(self._watches)
             if watched:
                 self.finished(self._store_get_many(watched))
             else:

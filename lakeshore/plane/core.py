@@ -492,7 +492,8 @@ class Plane:
         return HeartbeatAnswer(inv_id, ok=True, cancel=timed_out, lease_expires_at=expires)
 
     def complete(self, inv_id: str, lease_token: str, result: bytes) -> None:
-        """Record the result. Raises :class:`LeaseLost` unless the token is current."""
+        """Record the result. Raises :class:`LeaseLost` unless the token is current
+        and the invocation's timeout has not passed (then it fails as timed out)."""
         now = self.clock.now()
         updated = self.store.update_if(
             inv_id,
@@ -505,6 +506,7 @@ class Plane:
                 "expires_at": now + self.retention,
                 "lease_expires_at": None,
             },
+            deadline_after=now,
         )
         if updated is None:
             raise self._refusal(inv_id, lease_token)
@@ -519,6 +521,8 @@ class Plane:
         """
         rec = self.store.get(inv_id)
         if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
+            raise self._refusal(inv_id, lease_token)
+        if _past_deadline(rec, self.clock.now()):
             raise self._refusal(inv_id, lease_token)
         updated = self._fail_or_retry(rec, error, retryable=retryable)
         if updated is None:
@@ -554,9 +558,18 @@ class Plane:
         return updated
 
     def _refusal(self, inv_id: str, lease_token: str) -> Exception:
+        """Why an answer was refused; records a timeout the answer came too late for."""
         rec = self.store.get(inv_id)
         if rec is None:
             return UnknownInvocation(f"no invocation {inv_id!r} on this plane")
+        now = self.clock.now()
+        held = rec.state is State.RUNNING and rec.lease_token == lease_token
+        if held and _past_deadline(rec, now):
+            self._expire_lease(rec, now)
+            return LeaseLost(
+                f"invocation {inv_id!r} ran past its timeout of {rec.timeout:g}s; "
+                "its answer is refused"
+            )
         if rec.state is State.CANCELLED:
             return LeaseLost(f"invocation {inv_id!r} was cancelled; its answer is refused")
         if rec.lease_token != lease_token:
@@ -602,12 +615,7 @@ class Plane:
         return handled
 
     def _expire_lease(self, rec: Invocation, now: float) -> Invocation | None:
-        timed_out = (
-            rec.timeout is not None
-            and rec.started_at is not None
-            and now >= rec.started_at + rec.timeout
-        )
-        if timed_out:
+        if _past_deadline(rec, now):
             error = {
                 "type": "dreamlake.lakeshore.InvocationTimeout",
                 "message": f"invocation exceeded its timeout of {rec.timeout:g}s",
@@ -663,6 +671,15 @@ class Plane:
     def close(self) -> None:
         self._changes.close()
         self.store.close()
+
+
+def _past_deadline(rec: Invocation, now: float) -> bool:
+    """Whether a running invocation's per-invocation timeout has passed."""
+    return (
+        rec.timeout is not None
+        and rec.started_at is not None
+        and now >= rec.started_at + rec.timeout
+    )
 
 
 def _validate_submission(sub: Submission) -> None:

@@ -68,12 +68,15 @@ class Store(Protocol):
         changes: Mapping[str, Any],
         *,
         running_below: int | None = None,
+        deadline_after: float | None = None,
     ) -> Invocation | None:
         """Apply ``changes`` iff every field in ``expect`` equals its value now.
 
         With ``running_below``, also only if fewer than that many invocations of the
-        record's queue are running. Returns the updated record, or None when a
-        condition failed (or the record does not exist). Atomic.
+        record's queue are running. With ``deadline_after``, also only if the record
+        has no timeout or ``started_at + timeout`` is later than that time. Returns the
+        updated record, or None when a condition failed (or the record does not
+        exist). Atomic.
         """
         ...
 

@@ -249,6 +249,7 @@ class SqliteStore:
         changes: Mapping[str, Any],
         *,
         running_below: int | None = None,
+        deadline_after: float | None = None,
     ) -> Invocation | None:
         unknown = (set(expect) | set(changes)) - _COLUMN_SET
         if unknown:
@@ -269,6 +270,9 @@ class SqliteStore:
                 " WHERE r.queue = invocations.queue AND r.state = 'running') < ?"
             )
             params.append(running_below)
+        if deadline_after is not None:
+            where.append("(timeout IS NULL OR started_at + timeout > ?)")
+            params.append(deadline_after)
         sql = f"UPDATE invocations SET {sets} WHERE {' AND '.join(where)} RETURNING {_SELECT}"
         with self._tx() as db:
             row = db.execute(sql, params).fetchone()
