@@ -5,17 +5,22 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup setup-dev clean
+.PHONY: demo test setup setup-dev constraints clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
 setup: $(BIN)/python
-	$(BIN)/python -m pip install -q -e .
+	$(BIN)/python -m pip install -q -c constraints.txt -e .
 
 setup-dev: $(BIN)/python
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+
+# Re-pin constraints.txt from the current environment (after a deliberate upgrade).
+constraints: setup-dev
+	{ head -3 constraints.txt; $(BIN)/python -m pip freeze | grep -v '^-e' | grep -vi '^dreamlake'; } > constraints.new
+	mv constraints.new constraints.txt
 
 demo: setup
 	$(BIN)/python examples/fan_out.py
