@@ -107,27 +107,17 @@ def _pickle_args(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> byte
         return bytes(cloudpickle.dumps((args, kwargs), protocol=PICKLE_PROTOCOL))
     except Exception as exc:
         # Find the argument to blame, by name where the signature gives one.
-        names: list[str] = []
         try:
             params = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
             params = []
-        for i, value in enumerate(args):
-            label = params[i] if i < len(params) else f"#{i}"
-            names.append(label)
+        labelled = [(params[i] if i < len(params) else f"#{i}", v) for i, v in enumerate(args)]
+        for label, value in [*labelled, *kwargs.items()]:
             try:
                 cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
             except Exception as inner:
                 raise SerializationError(
                     f"argument {label!r} of {_fn_name(fn)}() cannot be pickled: "
-                    f"{type(inner).__name__}: {inner}"
-                ) from inner
-        for key, value in kwargs.items():
-            try:
-                cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
-            except Exception as inner:
-                raise SerializationError(
-                    f"argument {key!r} of {_fn_name(fn)}() cannot be pickled: "
                     f"{type(inner).__name__}: {inner}"
                 ) from inner
         raise SerializationError(

@@ -229,18 +229,19 @@ class SqliteStore:
             ).fetchone()
         return None if row is None else _from_row(row)
 
-    def get_many(self, ids: Sequence[str]) -> list[Invocation]:
-        out: list[Invocation] = []
-        ids = list(dict.fromkeys(ids))
+    def _select_in(self, sql: str, keys: Iterable[str]) -> list[Any]:
+        """Rows of ``sql`` (with one ``IN ({})``) for distinct ``keys``, 500 at a time."""
+        wanted = list(dict.fromkeys(keys))
+        rows: list[Any] = []
         with self._lock:
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ", ".join("?" * len(chunk))
-                rows = self._db.execute(
-                    f"SELECT {_SELECT} FROM invocations WHERE id IN ({marks})", chunk
-                ).fetchall()
-                out.extend(_from_row(r) for r in rows)
-        return out
+            for start in range(0, len(wanted), 500):
+                chunk = wanted[start : start + 500]
+                rows += self._db.execute(sql.format(", ".join("?" * len(chunk))), chunk).fetchall()
+        return rows
+
+    def get_many(self, ids: Sequence[str]) -> list[Invocation]:
+        sql = f"SELECT {_SELECT} FROM invocations WHERE id IN ({{}})"
+        return [_from_row(r) for r in self._select_in(sql, ids)]
 
     def update_if(
         self,
@@ -341,17 +342,9 @@ class SqliteStore:
         return None if row is None else bytes(row[0])
 
     def has_blobs(self, digests: Iterable[str]) -> set[str]:
-        wanted = list(dict.fromkeys(digests))
-        found: set[str] = set()
-        with self._lock:
-            for start in range(0, len(wanted), 500):
-                chunk = wanted[start : start + 500]
-                marks = ", ".join("?" * len(chunk))
-                rows = self._db.execute(
-                    f"SELECT digest FROM blobs WHERE digest IN ({marks})", chunk
-                ).fetchall()
-                found.update(r[0] for r in rows)
-        return found
+        return {
+            r[0] for r in self._select_in("SELECT digest FROM blobs WHERE digest IN ({})", digests)
+        }
 
     # --- change detection ---------------------------------------------------------
     def change_marker(self) -> int:
