@@ -6,14 +6,21 @@
     ├── ClientError                     the request itself is wrong (HTTP 4xx)
     │   ├── InvalidRequest              400 malformed or wrong-typed input
     │   ├── SerializationError          400 an argument or result cannot be pickled
-    │   ├── QueueNotFound               404 strict mode, or a queue removed under us
-    │   ├── UnknownInvocation           404 the plane never had this id
+    │   ├── Unauthorized                401 no token, a wrong one, a revoked one
+    │   ├── Forbidden                   403 the token's role or scopes do not allow it
+    │   ├── NotFound                    404 no such route, daemon, token or blob
+    │   │   ├── QueueNotFound           404 strict mode, or a queue removed under us
+    │   │   └── UnknownInvocation       404 the plane never had this id
+    │   ├── MethodNotAllowed            405
     │   ├── Conflict                    409
     │   │   ├── IdempotencyConflict     409 same id or key, different body
     │   │   ├── QueueMismatch           409 the queue exists with other settings
     │   │   └── LeaseLost               409 stale lease token: the answer is refused
     │   ├── ExpiredInvocation           410 the id existed; its result passed retention
-    │   └── PayloadTooLarge             413
+    │   ├── PayloadTooLarge             413
+    │   ├── UnsupportedMediaType        415 a body neither msgpack nor JSON
+    │   └── Throttled                   429 slow down (``retry_after`` seconds)
+    ├── Unavailable                     503 the plane cannot answer now; safe to retry
     ├── RemoteError                     the function raised; its type could not be rebuilt
     ├── InvocationDead                  its workers were lost more often than max_attempts
     ├── InvocationTimeout               it ran past its per-invocation timeout
@@ -35,17 +42,24 @@ __all__ = [
     "ClientError",
     "Conflict",
     "ExpiredInvocation",
+    "Forbidden",
     "IdempotencyConflict",
     "InvocationDead",
     "InvocationTimeout",
     "InvalidRequest",
     "LakeshoreError",
     "LeaseLost",
+    "MethodNotAllowed",
+    "NotFound",
     "PayloadTooLarge",
     "QueueMismatch",
     "QueueNotFound",
     "RemoteError",
     "SerializationError",
+    "Throttled",
+    "Unauthorized",
+    "Unavailable",
+    "UnsupportedMediaType",
     "UnknownInvocation",
     "from_wire",
 ]
@@ -75,12 +89,32 @@ class SerializationError(ClientError):
     status = 400
 
 
-class QueueNotFound(ClientError):
+class Unauthorized(ClientError):
+    code = "unauthorized"
+    status = 401
+
+
+class Forbidden(ClientError):
+    code = "forbidden"
+    status = 403
+
+
+class NotFound(ClientError):
+    code = "not_found"
+    status = 404
+
+
+class MethodNotAllowed(ClientError):
+    code = "method_not_allowed"
+    status = 405
+
+
+class QueueNotFound(NotFound):
     code = "queue_not_found"
     status = 404
 
 
-class UnknownInvocation(ClientError):
+class UnknownInvocation(NotFound):
     code = "unknown_invocation"
     status = 404
 
@@ -110,6 +144,23 @@ class ExpiredInvocation(ClientError):
 class PayloadTooLarge(ClientError):
     code = "payload_too_large"
     status = 413
+
+
+class UnsupportedMediaType(ClientError):
+    code = "unsupported_media_type"
+    status = 415
+
+
+class Throttled(ClientError):
+    code = "throttled"
+    status = 429
+
+
+class Unavailable(LakeshoreError):
+    """The plane could not answer now (a dependency throttled or failed); retry."""
+
+    code = "unavailable"
+    status = 503
 
 
 class RemoteError(LakeshoreError):
