@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -39,14 +40,18 @@ __all__ = [
 #: a Boltzmann claim samples among this many highest-priority pending invocations
 BOLTZMANN_CANDIDATES = 256
 
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,255}")
 _ANNEAL_KEYS = {"schedule", "rate", "min_temperature", "per", "origin"}
 _DEFAULT_FLOOR = 0.01
 
 
 def validate_spec(spec: QueueSpec) -> None:
     """Raise :class:`InvalidRequest` for settings the plane cannot honour."""
-    if not spec.name or len(spec.name) > 256:
-        raise InvalidRequest("queue name must be 1-256 characters")
+    if not isinstance(spec.name, str) or not _NAME.fullmatch(spec.name):
+        raise InvalidRequest(
+            f"queue name {spec.name!r} must be 1-256 letters, digits and . _ : - "
+            "(starting with a letter or digit)"
+        )
     if spec.kind not in KINDS:
         raise InvalidRequest(
             f"unknown queue kind {spec.kind!r}; expected one of {', '.join(KINDS)}"

@@ -9,12 +9,14 @@ from typing import Any
 __all__ = [
     "FINISHED",
     "Claim",
+    "DaemonRecord",
     "HeartbeatAnswer",
     "Invocation",
     "QueueSpec",
     "RetryPolicy",
     "State",
     "Submission",
+    "TokenRecord",
 ]
 
 
@@ -146,3 +148,33 @@ class HeartbeatAnswer:
     #: the producer cancelled it (or its timeout passed): stop the job now
     cancel: bool
     lease_expires_at: float | None
+
+
+@dataclass
+class TokenRecord:
+    """An API token as stored: never the secret, only its hash."""
+
+    id: str
+    secret_hash: str
+    role: str
+    queues: list[str]
+    name: str
+    created_at: float
+    revoked_at: float | None = None
+
+
+@dataclass
+class DaemonRecord:
+    """A long-running worker process as registered with the plane."""
+
+    id: str
+    name: str
+    host: str
+    queues: list[str]
+    concurrency: int
+    python: str
+    pickle_protocols: list[int]
+    registered_at: float
+    last_heartbeat: float
+    running: int = 0
+    draining: bool = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .model import Invocation, QueueSpec
+from .model import DaemonRecord, Invocation, QueueSpec, TokenRecord
 
 __all__ = ["Store"]
 
@@ -101,6 +101,28 @@ class Store(Protocol):
         """Drop payload and result of records past ``expires_at``; delete records
         whose ``expires_at`` is before ``tombstone_until``. Return records touched."""
         ...
+
+    def list_invocations(
+        self, queue: str, state: str | None, now: float, after: str | None, limit: int
+    ) -> list[Invocation]:
+        """Invocations of a queue by id, after id ``after``; ``state`` filters by public
+        state (``scheduled`` is pending and not yet due)."""
+        ...
+
+    # --- tokens and daemons (small tables of records) -----------------------------
+    def put_token(self, token: TokenRecord) -> None: ...
+
+    def get_token(self, token_id: str) -> TokenRecord | None: ...
+
+    def list_tokens(self) -> list[TokenRecord]: ...
+
+    def put_daemon(self, daemon: DaemonRecord) -> None:
+        """Insert or replace a daemon record."""
+        ...
+
+    def get_daemon(self, daemon_id: str) -> DaemonRecord | None: ...
+
+    def list_daemons(self) -> list[DaemonRecord]: ...
 
     # --- blobs (content-addressed) --------------------------------------------
     def put_blob(self, digest: str, data: bytes, now: float) -> None:

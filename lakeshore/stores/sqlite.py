@@ -13,13 +13,13 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Literal
 
 import msgpack
 
-from ..plane.model import Invocation, QueueSpec, RetryPolicy, State
+from ..plane.model import DaemonRecord, Invocation, QueueSpec, RetryPolicy, State, TokenRecord
 
 __all__ = ["SqliteStore"]
 
@@ -62,6 +62,14 @@ CREATE INDEX IF NOT EXISTS inv_running ON invocations (queue) WHERE state = 'run
 CREATE INDEX IF NOT EXISTS inv_queue_state ON invocations (queue, state);
 CREATE INDEX IF NOT EXISTS inv_expires ON invocations (expires_at)
     WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    doc BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS daemons (
+    id TEXT PRIMARY KEY,
+    doc BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS blobs (
     digest TEXT PRIMARY KEY,
     data BLOB NOT NULL,
@@ -327,6 +335,63 @@ class SqliteStore:
                 (now,),
             ).rowcount
         return gone + stripped
+
+    def list_invocations(
+        self, queue: str, state: str | None, now: float, after: str | None, limit: int
+    ) -> list[Invocation]:
+        where: list[str] = ["queue = ?"]
+        params: list[Any] = [queue]
+        if state == "scheduled":
+            where.append("state = 'pending' AND available_at > ?")
+            params.append(now)
+        elif state == "pending":
+            where.append("state = 'pending' AND available_at <= ?")
+            params.append(now)
+        elif state is not None:
+            where.append("state = ?")
+            params.append(state)
+        if after is not None:
+            where.append("id > ?")
+            params.append(after)
+        sql = f"SELECT {_SELECT} FROM invocations WHERE {' AND '.join(where)} ORDER BY id LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(sql, [*params, limit]).fetchall()
+        return [_from_row(r) for r in rows]
+
+    # --- tokens and daemons ----------------------------------------------------------
+    def _put_doc(self, table: str, key: str, doc: dict[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute(f"INSERT OR REPLACE INTO {table} (id, doc) VALUES (?, ?)", (key, _pack(doc)))
+
+    def _get_doc(self, table: str, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute(f"SELECT doc FROM {table} WHERE id = ?", (key,)).fetchone()
+        return None if row is None else dict(_unpack(row[0]))
+
+    def _all_docs(self, table: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT doc FROM {table} ORDER BY id").fetchall()
+        return [dict(_unpack(r[0])) for r in rows]
+
+    def put_token(self, token: TokenRecord) -> None:
+        self._put_doc("tokens", token.id, asdict(token))
+
+    def get_token(self, token_id: str) -> TokenRecord | None:
+        doc = self._get_doc("tokens", token_id)
+        return None if doc is None else TokenRecord(**doc)
+
+    def list_tokens(self) -> list[TokenRecord]:
+        return [TokenRecord(**d) for d in self._all_docs("tokens")]
+
+    def put_daemon(self, daemon: DaemonRecord) -> None:
+        self._put_doc("daemons", daemon.id, asdict(daemon))
+
+    def get_daemon(self, daemon_id: str) -> DaemonRecord | None:
+        doc = self._get_doc("daemons", daemon_id)
+        return None if doc is None else DaemonRecord(**doc)
+
+    def list_daemons(self) -> list[DaemonRecord]:
+        return [DaemonRecord(**d) for d in self._all_docs("daemons")]
 
     # --- blobs ----------------------------------------------------------------
     def put_blob(self, digest: str, data: bytes, now: float) -> None:
