@@ -1,0 +1,221 @@
+"""The API's Lambda entry point: aws-lambda-powertools routes, thin over the Service.
+
+Each route authenticates the caller, decodes the body (msgpack or JSON), calls one
+:class:`~dreamlake.lakeshore.api.Service` method and encodes its answer in the type the
+client asked for. Errors map to HTTP by class (``LakeshoreError.status``), never by
+message. ``make_app(service)`` builds the router; ``lakeshore serve`` calls it with a
+SQLite plane, and :func:`handler` (the Lambda entry) with the plane its environment
+names.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
+
+from ..api import Identity, Service, authenticate
+from ..api.codec import JSON, decode_body, encode_body, pick_type
+from ..errors import InvalidRequest, LakeshoreError, MethodNotAllowed, NotFound, Unauthorized
+from . import apigw
+
+__all__ = ["ROUTES", "handler", "make_app"]
+
+log = logging.getLogger("lakeshore.api")
+
+#: every route: (method, path template); the OpenAPI document must list exactly these
+ROUTES: list[tuple[str, str]] = []
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _answer(status: int, value: dict[str, Any] | None, media: str) -> Response[Any]:
+    if value is None:
+        return Response(status_code=status, content_type=media, body="")
+    data = encode_body(value, media)
+    # Powertools re-serialises a JSON body that is not text; msgpack goes out as bytes.
+    return Response(
+        status_code=status, content_type=media, body=data.decode() if media == JSON else data
+    )
+
+
+def _error_response(exc: LakeshoreError, media: str) -> Response[Any]:
+    body = {
+        "error": {"code": exc.code, "message": str(exc).splitlines()[0] if str(exc) else exc.code}
+    }
+    resp = _answer(exc.status if exc.status >= 400 else 500, body, media)
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        resp.headers["Retry-After"] = str(int(retry_after))
+    return resp
+
+
+def make_app(service: Service) -> APIGatewayHttpResolver:
+    """The router of API v1 over ``service``."""
+    app = APIGatewayHttpResolver()
+    limits = service.limits
+
+    def media() -> str:
+        event = app.current_event.raw_event
+        return pick_type(apigw.header(event, "content-type"), apigw.header(event, "accept"))
+
+    def body() -> dict[str, Any]:
+        event = app.current_event.raw_event
+        return decode_body(
+            apigw.request_body(event), apigw.header(event, "content-type"), limits.max_body
+        )
+
+    def caller() -> Identity:
+        return authenticate(
+            service.plane, apigw.header(app.current_event.raw_event, "authorization")
+        )
+
+    def query() -> dict[str, str]:
+        return apigw.query(app.current_event.raw_event)
+
+    def route(method: str, path: str) -> Callable[[Callable[..., dict[str, Any]]], Any]:
+        """Register ``fn(ident, **path_params) -> answer`` at ``method path``."""
+        ROUTES.append((method, path)) if (method, path) not in ROUTES else None
+        powertools_path = re.sub(r"\{(\w+)\}", r"<\1>", path)
+
+        def register(fn: Callable[..., dict[str, Any]]) -> Any:
+            def endpoint(**params: str) -> Response[Any]:
+                return _answer(200, fn(caller(), **params), media())
+
+            endpoint.__name__ = fn.__name__
+            return app.route(powertools_path, method=[method])(endpoint)
+
+        return register
+
+    # --- hello and queues ----------------------------------------------------------
+    route("GET", "/v1/hello")(lambda ident: service.hello(ident))
+    route("POST", "/v1/queues")(lambda ident: service.create_queue(ident, body()))
+    route("GET", "/v1/queues")(lambda ident: service.list_queues(ident))
+    route("POST", "/v1/queues/prune")(lambda ident: service.prune_queues(ident, body()))
+    route("GET", "/v1/queues/{name}")(lambda ident, name: service.get_queue(ident, name))
+    route("PATCH", "/v1/queues/{name}")(
+        lambda ident, name: service.update_queue(ident, name, body())
+    )
+
+    @route("DELETE", "/v1/queues/{name}")
+    def delete_queue(ident: Identity, name: str) -> dict[str, Any]:
+        force = query().get("force", "false").lower()
+        if force not in ("true", "false", "1", "0"):
+            raise InvalidRequest("force must be true or false")
+        return service.delete_queue(ident, name, force in ("true", "1"))
+
+    # --- invocations -------------------------------------------------------------------
+    route("POST", "/v1/invocations")(lambda ident: service.submit(ident, body()))
+    route("GET", "/v1/invocations")(lambda ident: service.list_invocations(ident, query()))
+    route("POST", "/v1/invocations/wait")(lambda ident: service.wait(ident, body()))
+    route("GET", "/v1/invocations/{id}")(lambda ident, id: service.get_invocation(ident, id))
+    route("PATCH", "/v1/invocations/{id}")(
+        lambda ident, id: service.update_invocation(ident, id, body())
+    )
+    route("POST", "/v1/invocations/{id}/cancel")(lambda ident, id: service.cancel(ident, id))
+
+    # --- workers -------------------------------------------------------------------------
+    route("POST", "/v1/claims")(lambda ident: service.claim(ident, body()))
+    route("POST", "/v1/heartbeats")(lambda ident: service.heartbeat(ident, body()))
+    route("POST", "/v1/completions")(lambda ident: service.complete(ident, body()))
+    route("POST", "/v1/failures")(lambda ident: service.fail(ident, body()))
+
+    # --- blobs: a bearer token, or a signed URL ------------------------------------------
+    route("POST", "/v1/blobs/missing")(lambda ident: service.missing_blobs(ident, body()))
+
+    def blob_access(method: str, digest: str) -> None:
+        if not _DIGEST.fullmatch(digest):
+            raise InvalidRequest("a blob is named by its sha256 (64 hex digits)")
+        if service.check_signature(method, digest, query()):
+            return
+        if "sig" in query():
+            raise Unauthorized("the signed URL is wrong or has expired")
+        caller().require("producer", "worker")
+
+    def put_blob(digest: str) -> Response[Any]:
+        blob_access("PUT", digest)
+        data = apigw.request_body(app.current_event.raw_event)
+        service.put_blob(digest, data)
+        return _answer(204, None, media())
+
+    def get_blob(digest: str) -> Response[Any]:
+        blob_access("GET", digest)
+        return Response(200, "application/octet-stream", service.get_blob(digest))
+
+    for method, fn in (("PUT", put_blob), ("GET", get_blob)):
+        ROUTES.append((method, "/v1/blobs/{digest}")) if (
+            method,
+            "/v1/blobs/{digest}",
+        ) not in ROUTES else None
+        app.route("/v1/blobs/<digest>", method=[method])(fn)
+
+    # --- daemons ---------------------------------------------------------------------------
+    route("POST", "/v1/daemons")(lambda ident: service.register_daemon(ident, body()))
+    route("GET", "/v1/daemons")(lambda ident: service.list_daemons(ident))
+    route("POST", "/v1/daemons/{id}/heartbeat")(
+        lambda ident, id: service.daemon_heartbeat(ident, id, body())
+    )
+    route("PATCH", "/v1/daemons/{id}")(lambda ident, id: service.update_daemon(ident, id, body()))
+    route("POST", "/v1/daemons/{id}/drain")(lambda ident, id: service.drain_daemon(ident, id))
+
+    # --- tokens -------------------------------------------------------------------------------
+    route("POST", "/v1/tokens")(lambda ident: service.create_token(ident, body()))
+    route("GET", "/v1/tokens")(lambda ident: service.list_tokens(ident))
+    route("DELETE", "/v1/tokens/{id}")(lambda ident, id: service.revoke_token(ident, id))
+
+    # --- errors ----------------------------------------------------------------------------------
+    templates = [
+        (m, re.compile("^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(p)) + "$"))
+        for m, p in ROUTES
+    ]
+
+    @app.not_found
+    def not_found(_: Exception) -> Response[Any]:
+        path = app.current_event.raw_event.get("rawPath", "")
+        if any(rx.match(path) for _, rx in templates):
+            return _error_response(
+                MethodNotAllowed(f"{app.current_event.http_method} is not allowed on {path}"),
+                media(),
+            )
+        return _error_response(NotFound(f"no route {path}"), media())
+
+    @app.exception_handler(LakeshoreError)  # type: ignore[untyped-decorator]
+    def lakeshore_error(exc: LakeshoreError) -> Response[Any]:
+        return _error_response(exc, media())
+
+    @app.exception_handler(Exception)  # type: ignore[untyped-decorator]
+    def unexpected(exc: Exception) -> Response[Any]:
+        log.exception("unexpected error answering %s", app.current_event.raw_event.get("rawPath"))
+        body = {"error": {"code": "error", "message": "internal error"}}
+        return _answer(500, body, JSON)
+
+    return app
+
+
+_lambda_app: APIGatewayHttpResolver | None = None
+
+
+def _service_from_env() -> Service:
+    """The Service the environment names: ``LAKESHORE_PLANE`` is a plane file (a SQLite
+    store on a mounted volume). The DynamoDB + S3 store is named by the AWS stack."""
+    import os
+
+    from ..plane import Plane
+    from ..stores import SqliteStore
+
+    target = os.environ.get("LAKESHORE_PLANE")
+    if not target:
+        raise RuntimeError("set LAKESHORE_PLANE to the plane this function serves")
+    return Service(Plane(SqliteStore(target)), server="lakeshore lambda")
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """The Lambda entry point."""
+    global _lambda_app
+    if _lambda_app is None:
+        _lambda_app = make_app(_service_from_env())
+    result: dict[str, Any] = _lambda_app.resolve(event, context)
+    return result

@@ -1,0 +1,101 @@
+"""Bearer tokens: stored hashed, compared in constant time; roles and queue scopes.
+
+A token reads ``lks_<id>_<secret>``. The id finds the record; the secret is never
+stored — only its SHA-256 (tokens are 190 random bits, so a fast hash is the right
+one) — and is compared with :func:`hmac.compare_digest`. A plane's first admin token is
+made by :func:`bootstrap_admin` when the plane has no token at all; ``lakeshore serve``
+prints it once.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import Forbidden, InvalidRequest, Unauthorized
+from ..plane import Plane
+from ..plane.model import TokenRecord
+
+__all__ = ["ROLES", "Identity", "authenticate", "bootstrap_admin", "create_token"]
+
+#: roles a token can have
+ROLES = ("admin", "producer", "worker")
+_PREFIX = "lks_"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling: the token's id, role and queue scopes."""
+
+    token_id: str
+    role: str
+    queues: tuple[str, ...]
+
+    def require(self, *roles: str) -> None:
+        """Raise :class:`Forbidden` unless the role is admin or one of ``roles``."""
+        if self.role != "admin" and self.role not in roles:
+            raise Forbidden(f"a {self.role} token cannot do this (needs {' or '.join(roles)})")
+
+    def may_use(self, queue: str) -> bool:
+        return self.role == "admin" or any(fnmatch.fnmatchcase(queue, g) for g in self.queues)
+
+    def check_queue(self, queue: str) -> None:
+        if not self.may_use(queue):
+            raise Forbidden(f"this token's scopes do not include queue {queue!r}")
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def create_token(
+    plane: Plane, role: str, queues: Iterable[str] = ("*",), name: str = ""
+) -> tuple[str, TokenRecord]:
+    """Make a token; return its secret form (shown once) and its stored record."""
+    if role not in ROLES:
+        raise InvalidRequest(f"role must be one of {', '.join(ROLES)}")
+    scopes = list(queues)
+    if not scopes or not all(isinstance(g, str) and g for g in scopes):
+        raise InvalidRequest("queues must be a non-empty list of glob patterns")
+    token_id = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(24)
+    record = TokenRecord(
+        id=token_id,
+        secret_hash=_hash(secret),
+        role=role,
+        queues=scopes,
+        name=str(name),
+        created_at=plane.now(),
+    )
+    plane.store.put_token(record)
+    return f"{_PREFIX}{token_id}_{secret}", record
+
+
+def bootstrap_admin(plane: Plane) -> str | None:
+    """The first admin token of a fresh plane (None when the plane has tokens)."""
+    if plane.store.list_tokens():
+        return None
+    secret, _ = create_token(plane, "admin", name="bootstrap")
+    return secret
+
+
+def authenticate(plane: Plane, authorization: str | None) -> Identity:
+    """The caller of an ``Authorization: Bearer ...`` header, or :class:`Unauthorized`."""
+    if not authorization:
+        raise Unauthorized("missing bearer token (Authorization: Bearer lks_...)")
+    scheme, _, token = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.startswith(_PREFIX):
+        raise Unauthorized("malformed bearer token")
+    token_id, _, secret = token[len(_PREFIX) :].partition("_")
+    record = plane.store.get_token(token_id) if token_id and secret else None
+    # Compare even when the id is unknown, so timing does not tell ids apart.
+    expected = record.secret_hash if record is not None else _hash("")
+    if not hmac.compare_digest(expected, _hash(secret)) or record is None:
+        raise Unauthorized("unknown or wrong token")
+    if record.revoked_at is not None:
+        raise Unauthorized("this token was revoked")
+    return Identity(token_id=record.id, role=record.role, queues=tuple(record.queues))

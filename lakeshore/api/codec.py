@@ -1,0 +1,138 @@
+"""Bodies on the wire: msgpack (the SDK) or JSON (curl), and request validation.
+
+Requests are decoded by their ``Content-Type``; answers are encoded in the type the
+``Accept`` header names, else the request's, else JSON. In JSON, binary values travel
+as base64 strings. :func:`fields` checks a request map against a small schema, so an
+unknown field or a wrong type is a 400 with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from ..errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+
+__all__ = ["MSGPACK", "JSON", "as_bytes", "decode_body", "encode_body", "fields", "pick_type"]
+
+MSGPACK = "application/msgpack"
+JSON = "application/json"
+_MAX_DEPTH = 32
+
+
+def _media(value: str | None) -> str:
+    return (value or "").split(";")[0].strip().lower()
+
+
+def pick_type(content_type: str | None, accept: str | None) -> str:
+    """The content type of the answer."""
+    for candidate in (_media(a) for a in (accept or "").split(",")):
+        if candidate in (MSGPACK, "application/x-msgpack"):
+            return MSGPACK
+        if candidate == JSON:
+            return JSON
+    return MSGPACK if _media(content_type) in (MSGPACK, "application/x-msgpack") else JSON
+
+
+def _depth(value: Any, level: int = 0) -> None:
+    if level > _MAX_DEPTH:
+        raise InvalidRequest(f"body nests deeper than {_MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise InvalidRequest("map keys must be strings")
+            _depth(v, level + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _depth(v, level + 1)
+
+
+def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[str, Any]:
+    """The request body as a map; an empty body is an empty map."""
+    if len(body) > max_body:
+        raise PayloadTooLarge(f"body of {len(body)} bytes is over the {max_body} byte limit")
+    if not body:
+        return {}
+    media = _media(content_type)
+    try:
+        if media in (MSGPACK, "application/x-msgpack"):
+            value = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        elif media in (JSON, ""):
+            value = json.loads(body)
+        else:
+            raise UnsupportedMediaType(f"content type {media!r}: send msgpack or JSON")
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise InvalidRequest(f"malformed body: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest("body nests too deeply") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest("body must be a map")
+    _depth(value)
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def encode_body(value: Mapping[str, Any], media: str) -> bytes:
+    if media == MSGPACK:
+        out: bytes = msgpack.packb(value, use_bin_type=True)
+        return out
+    return json.dumps(_jsonable(value), separators=(",", ":")).encode()
+
+
+def as_bytes(value: Any, name: str) -> bytes:
+    """A binary field: bytes in msgpack, a base64 string in JSON."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequest(f"{name} must be bytes (base64 in JSON)") from None
+    raise InvalidRequest(f"{name} must be bytes (base64 in JSON)")
+
+
+def fields(
+    body: Mapping[str, Any],
+    schema: Mapping[str, type | tuple[type, ...]],
+    *,
+    required: tuple[str, ...] = (),
+    where: str = "body",
+) -> dict[str, Any]:
+    """Check ``body`` against ``schema`` (field → accepted types; ``None`` allowed as
+    ``type(None)``). Unknown fields, missing required ones and wrong types raise."""
+    unknown = set(body) - set(schema)
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) in {where}: {', '.join(sorted(unknown))}")
+    for name in required:
+        if name not in body or body[name] is None:
+            raise InvalidRequest(f"{where} needs {name!r}")
+    for name, value in body.items():
+        types = schema[name]
+        accepted = types if isinstance(types, tuple) else (types,)
+        if float in accepted and isinstance(value, int) and not isinstance(value, bool):
+            continue
+        if isinstance(value, bool) and bool not in accepted:
+            raise InvalidRequest(f"{where}.{name} has the wrong type (bool)")
+        if not isinstance(value, accepted):
+            wanted = "/".join(t.__name__ for t in accepted)
+            raise InvalidRequest(f"{where}.{name} must be {wanted}, not {type(value).__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"{where}.{name} must be a finite number")
+    return dict(body)

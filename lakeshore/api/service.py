@@ -1,0 +1,577 @@
+"""The HTTP API v1 over the plane core: one method per route, transport-free.
+
+Each method takes the caller's :class:`~.auth.Identity`, the decoded request map and
+path parameters, checks role, scope and fields, calls the plane, and returns the answer
+map. It knows nothing of Lambda, ASGI or content types (see ``handlers/api.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .. import __version__
+from ..errors import InvalidRequest, LakeshoreError, NotFound, QueueNotFound
+from ..plane import Plane
+from ..plane.model import DaemonRecord, Invocation, QueueSpec, RetryPolicy, Submission
+from ..submit import new_id
+from ..wire import (
+    PICKLE_PROTOCOL,
+    PY_VERSION,
+    WIRE_VERSION,
+    decode_payload,
+    encode_exec,
+    encode_ref_call,
+    unpack,
+)
+from .auth import Identity, create_token
+from .codec import as_bytes, fields
+
+__all__ = ["Limits", "Service"]
+
+_NUM = (int, float)
+_OPT_NUM = (int, float, type(None))
+_QUEUE_FIELDS: dict[str, Any] = {
+    "name": str,
+    "kind": (str, type(None)),
+    "priority_field": (str, type(None)),
+    "temperature": _OPT_NUM,
+    "anneal": (dict, type(None)),
+    "elasticity": (dict, type(None)),
+    "retry": (dict, type(None)),
+    "delete_when_drained": bool,
+}
+_SUBMISSION: dict[str, Any] = {
+    "id": (str, type(None)),
+    "queue": str,
+    "payload": (bytes, str, type(None)),
+    "ref": (str, type(None)),
+    "args": (list, type(None)),
+    "kwargs": (dict, type(None)),
+    "exec": (dict, type(None)),
+    "priority": _OPT_NUM,
+    "delay": _OPT_NUM,
+    "timeout": _OPT_NUM,
+    "max_attempts": (int, type(None)),
+    "retry": (dict, type(None)),
+}
+#: a daemon not heard from for this long no longer counts as a live worker
+_DAEMON_STALE = 300.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    #: bytes of one request body (API Gateway allows 10 MB; Lambda ≈ 4.4 MB of binary)
+    max_body: int = 4 * 1024 * 1024
+    #: bytes a payload or result may have inline; larger ones travel as blobs
+    inline_payload: int = 256 * 1024
+    #: items in one batch call
+    max_batch: int = 500
+    #: seconds a claim or wait may block on the server
+    max_wait: float = 20.0
+
+
+def _retry(value: Any) -> RetryPolicy | None:
+    if value is None:
+        return None
+    body = fields(value, {"max": int, "backoff": _NUM, "max_backoff": _NUM}, where="retry")
+    if body.get("max", 0) < 0:
+        raise InvalidRequest("retry.max must be >= 0")
+    return RetryPolicy(**body)
+
+
+def _error(exc: LakeshoreError) -> dict[str, str]:
+    return {"code": exc.code, "message": str(exc)}
+
+
+def _spec_view(spec: QueueSpec) -> dict[str, Any]:
+    return {"name": spec.name, **spec.settings()}
+
+
+def invocation_view(rec: Invocation, now: float, *, result: bool = True) -> dict[str, Any]:
+    """The wire form of an invocation record."""
+    expired = rec.is_expired(now)
+    view: dict[str, Any] = {
+        "id": rec.id,
+        "queue": rec.queue,
+        "state": rec.public_state(now).value,
+        "attempt": rec.attempt,
+        "max_attempts": rec.max_attempts,
+        "priority": rec.priority,
+        "created_at": rec.created_at,
+        "available_at": rec.available_at,
+        "started_at": rec.started_at,
+        "finished_at": rec.finished_at,
+        "expires_at": rec.expires_at,
+        "expired": expired,
+        "worker": rec.worker,
+        "timeout": rec.timeout,
+        "error": rec.error,
+    }
+    if result and rec.result is not None and not expired:
+        view["result"] = rec.result
+        env = unpack(rec.result)
+        if isinstance(env, dict) and env.get("kind") == "msgpack":
+            view["value"] = env.get("data")
+    return view
+
+
+class Service:
+    """The API over one plane. Thread-safe (the plane is)."""
+
+    def __init__(
+        self,
+        plane: Plane,
+        *,
+        limits: Limits | None = None,
+        signing_key: bytes | None = None,
+        server: str = "lakeshore",
+    ) -> None:
+        self.plane = plane
+        self.limits = limits or Limits()
+        self._key = signing_key or secrets.token_bytes(32)
+        self.server = server
+
+    # ------------------------------------------------------------------ hello
+    def hello(self, ident: Identity) -> dict[str, Any]:
+        now = self.plane.now()
+        live = [
+            d for d in self.plane.store.list_daemons() if now - d.last_heartbeat < _DAEMON_STALE
+        ]
+        return {
+            "server": self.server,
+            "version": __version__,
+            "time": now,
+            "wire": [WIRE_VERSION],
+            "limits": asdict(self.limits),
+            "identity": {
+                "token_id": ident.token_id,
+                "role": ident.role,
+                "queues": list(ident.queues),
+            },
+            "workers": {
+                "python": sorted({d.python for d in live}),
+                "pickle_protocols": sorted({p for d in live for p in d.pickle_protocols}),
+            },
+            "plane": {"python": PY_VERSION, "pickle_protocol": PICKLE_PROTOCOL},
+        }
+
+    # ------------------------------------------------------------------ queues
+    def create_queue(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("producer", "worker")
+        schema = {**_QUEUE_FIELDS, "create": bool, "check": list}
+        body = fields(body, schema, required=("name",))
+        create = body.pop("create", True)
+        check = body.pop("check", [])
+        ident.check_queue(body["name"])
+        if not all(isinstance(c, str) and c in _QUEUE_FIELDS for c in check):
+            raise InvalidRequest("check must list queue settings")
+        spec = QueueSpec(**{k: v for k, v in body.items() if v is not None})
+        stored = self.plane.ensure_queue(spec, create=create, check=check)
+        return {"queue": _spec_view(stored)}
+
+    def list_queues(self, ident: Identity) -> dict[str, Any]:
+        out = []
+        for q in self.plane.list_queues():
+            spec: QueueSpec = q["spec"]
+            if ident.may_use(spec.name):
+                out.append(
+                    {**_spec_view(spec), "last_activity": q["last_activity"], "counts": q["counts"]}
+                )
+        return {"queues": out}
+
+    def get_queue(self, ident: Identity, name: str) -> dict[str, Any]:
+        ident.check_queue(name)
+        for q in self.plane.list_queues():
+            if q["spec"].name == name:
+                view = {**_spec_view(q["spec"]), "last_activity": q["last_activity"]}
+                return {"queue": {**view, "counts": q["counts"]}}
+        raise QueueNotFound(f"queue {name!r} does not exist")
+
+    def update_queue(self, ident: Identity, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("producer")
+        ident.check_queue(name)
+        changes = fields(
+            body, {k: v for k, v in _QUEUE_FIELDS.items() if k not in ("name", "kind")}
+        )
+        return {"queue": _spec_view(self.plane.update_queue(name, **changes))}
+
+    def delete_queue(self, ident: Identity, name: str, force: bool) -> dict[str, Any]:
+        ident.require("producer")
+        ident.check_queue(name)
+        return {"deleted": self.plane.delete_queue(name, force=force)}
+
+    def prune_queues(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require()
+        body = fields(body, {"older_than": _NUM}, required=("older_than",))
+        return {"removed": self.plane.prune_queues(float(body["older_than"]))}
+
+    # ------------------------------------------------------------------ invocations
+    def submit(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("producer")
+        body = fields(body, {"invocations": list}, required=("invocations",))
+        items = body["invocations"]
+        if not items or len(items) > self.limits.max_batch:
+            raise InvalidRequest(f"invocations must hold 1 to {self.limits.max_batch} items")
+        subs = [self._submission(ident, item, i) for i, item in enumerate(items)]
+        for name in {s.queue for s in subs}:
+            if self.plane.store.get_queue(name) is None:
+                self.plane.ensure_queue(QueueSpec(name))  # first submit creates, as in the SDK
+        return {"ids": self.plane.submit(subs)}
+
+    def _submission(self, ident: Identity, item: Any, i: int) -> Submission:
+        where = f"invocations[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be a map")
+        body = fields(item, _SUBMISSION, required=("queue",), where=where)
+        ident.check_queue(body["queue"])
+        kinds = [k for k in ("payload", "ref", "exec") if body.get(k) is not None]
+        if len(kinds) != 1:
+            raise InvalidRequest(f"{where} needs exactly one of payload, ref, exec")
+        kwargs: dict[str, Any] = {}
+        if kinds == ["payload"]:
+            payload = as_bytes(body["payload"], f"{where}.payload")
+            if len(payload) > self.limits.inline_payload:
+                raise InvalidRequest(
+                    f"{where}.payload is over the {self.limits.inline_payload} byte inline "
+                    "limit: send its arguments as a blob"
+                )
+            decode_payload(payload)
+        elif kinds == ["ref"]:
+            kwargs = body.get("kwargs") or {}
+            payload = encode_ref_call(body["ref"], tuple(body.get("args") or ()), kwargs).payload
+        else:
+            spec = fields(
+                body["exec"],
+                {"cmd": (str, list), "env": dict, "cwd": (str, type(None))},
+                required=("cmd",),
+                where=f"{where}.exec",
+            )
+            payload = encode_exec(spec["cmd"], spec.get("env"), spec.get("cwd")).payload
+        priority = body.get("priority")
+        if priority is None:
+            stored = self.plane.store.get_queue(body["queue"])
+            if stored is not None and stored.kind in ("priority", "boltzmann"):
+                priority = kwargs.get(stored.priority_field)
+            if not isinstance(priority, _NUM) or isinstance(priority, bool):
+                priority = 0.0
+        return Submission(
+            id=body.get("id") or new_id(),
+            queue=body["queue"],
+            payload=payload,
+            priority=float(priority),
+            delay=float(body.get("delay") or 0.0),
+            timeout=body.get("timeout"),
+            max_attempts=body.get("max_attempts"),
+            retry=_retry(body.get("retry")),
+        )
+
+    def _readable(self, ident: Identity, inv_id: str) -> Invocation:
+        ident.require("producer")
+        rec = self.plane.get(inv_id)
+        ident.check_queue(rec.queue)
+        return rec
+
+    def get_invocation(self, ident: Identity, inv_id: str) -> dict[str, Any]:
+        rec = self._readable(ident, inv_id)
+        return {"invocation": invocation_view(rec, self.plane.now())}
+
+    def list_invocations(self, ident: Identity, query: dict[str, str]) -> dict[str, Any]:
+        ident.require("producer")
+        q = fields(
+            query,
+            {"queue": str, "state": str, "limit": str, "cursor": str},
+            required=("queue",),
+            where="query",
+        )
+        ident.check_queue(q["queue"])
+        try:
+            limit = int(q.get("limit", "100"))
+        except ValueError:
+            raise InvalidRequest("limit must be a whole number") from None
+        if not 1 <= limit <= 1000:
+            raise InvalidRequest("limit must be 1 to 1000")
+        now = self.plane.now()
+        recs = self.plane.store.list_invocations(
+            q["queue"], q.get("state"), now, q.get("cursor"), limit
+        )
+        nxt = recs[-1].id if len(recs) == limit else None
+        return {"invocations": [invocation_view(r, now, result=False) for r in recs], "next": nxt}
+
+    def wait(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("producer")
+        body = fields(body, {"ids": list, "timeout": _NUM}, required=("ids",))
+        ids = body["ids"]
+        if (
+            not ids
+            or len(ids) > self.limits.max_batch * 20
+            or not all(isinstance(i, str) for i in ids)
+        ):
+            raise InvalidRequest(f"ids must hold 1 to {self.limits.max_batch * 20} invocation ids")
+        for rec in self.plane.get_many(ids):
+            ident.check_queue(rec.queue)
+        timeout = min(max(0.0, float(body.get("timeout", 0.0))), self.limits.max_wait)
+        done = self.plane.wait(ids, timeout)
+        now = self.plane.now()
+        return {"invocations": [invocation_view(r, now) for r in done]}
+
+    def cancel(self, ident: Identity, inv_id: str) -> dict[str, Any]:
+        self._readable(ident, inv_id)
+        return {"state": self.plane.cancel(inv_id).value}
+
+    def update_invocation(
+        self, ident: Identity, inv_id: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        self._readable(ident, inv_id)
+        body = fields(body, {"priority": _NUM}, required=("priority",))
+        rec = self.plane.set_priority(inv_id, float(body["priority"]))
+        return {"invocation": invocation_view(rec, self.plane.now())}
+
+    # ------------------------------------------------------------------ workers
+    def claim(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("worker")
+        schema: dict[str, Any] = {
+            "queues": list,
+            "worker": str,
+            "limit": int,
+            "wait": _NUM,
+            "lease_seconds": _OPT_NUM,
+        }
+        body = fields(body, schema, required=("queues", "worker"))
+        queues = body["queues"]
+        if not queues or not all(isinstance(q, str) for q in queues):
+            raise InvalidRequest("queues must be a non-empty list of names")
+        for name in queues:
+            ident.check_queue(name)
+        limit = body.get("limit", 1)
+        if not 1 <= limit <= self.limits.max_batch:
+            raise InvalidRequest(f"limit must be 1 to {self.limits.max_batch}")
+        lease = body.get("lease_seconds")
+        if lease is not None and not 1 <= lease <= 3600:
+            raise InvalidRequest("lease_seconds must be 1 to 3600")
+        wait = min(max(0.0, float(body.get("wait", 0.0))), self.limits.max_wait)
+        claims = self.plane.claim(
+            queues, body["worker"], limit=limit, wait=wait, lease_seconds=lease
+        )
+        return {"claims": [asdict(c) for c in claims]}
+
+    def _batch(
+        self, body: dict[str, Any], key: str, schema: dict[str, Any], required: tuple[str, ...]
+    ) -> list[dict[str, Any]]:
+        items = body.get(key)
+        if not isinstance(items, list) or not 1 <= len(items) <= self.limits.max_batch:
+            raise InvalidRequest(f"{key} must hold 1 to {self.limits.max_batch} items")
+        out = []
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise InvalidRequest(f"{key}[{i}] must be a map")
+            out.append(fields(item, schema, required=required, where=f"{key}[{i}]"))
+        return out
+
+    def heartbeat(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("worker")
+        body = fields(body, {"leases": list, "lease_seconds": _OPT_NUM}, required=("leases",))
+        leases = self._batch(body, "leases", {"id": str, "lease_token": str}, ("id", "lease_token"))
+        answers = [
+            asdict(
+                self.plane.heartbeat(
+                    x["id"], x["lease_token"], lease_seconds=body.get("lease_seconds")
+                )
+            )
+            for x in leases
+        ]
+        return {"answers": answers}
+
+    def complete(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("worker")
+        fields(body, {"results": list}, required=("results",))
+        items = self._batch(
+            body,
+            "results",
+            {"id": str, "lease_token": str, "result": (bytes, str)},
+            ("id", "lease_token", "result"),
+        )
+        answers = []
+        for x in items:
+            result = as_bytes(x["result"], "result")
+            if len(result) > self.limits.inline_payload:
+                raise InvalidRequest("result is over the inline limit: send it as a blob")
+            try:
+                self.plane.complete(x["id"], x["lease_token"], result)
+                answers.append({"id": x["id"], "ok": True, "error": None})
+            except LakeshoreError as exc:  # LeaseLost and the like answer per item
+                answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
+        return {"answers": answers}
+
+    def fail(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("worker")
+        fields(body, {"failures": list}, required=("failures",))
+        schema = {"id": str, "lease_token": str, "error": dict, "retryable": bool}
+        items = self._batch(body, "failures", schema, ("id", "lease_token", "error"))
+        answers = []
+        for x in items:
+            error = fields(
+                x["error"],
+                {"type": str, "message": str, "traceback": str, "pickled": (bytes, type(None))},
+                where="error",
+            )
+            try:
+                state = self.plane.fail(
+                    x["id"], x["lease_token"], error, retryable=x.get("retryable", True)
+                )
+                answers.append({"id": x["id"], "ok": True, "state": state.value, "error": None})
+            except LakeshoreError as exc:
+                answers.append({"id": x["id"], "ok": False, "state": None, "error": _error(exc)})
+        return {"answers": answers}
+
+    # ------------------------------------------------------------------ blobs
+    def sign(self, method: str, digest: str, expires: int) -> str:
+        msg = f"{method}:{digest}:{expires}".encode()
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()
+
+    def signed_url(self, method: str, digest: str, ttl: int = 900) -> str:
+        expires = int(time.time()) + ttl
+        return f"/v1/blobs/{digest}?expires={expires}&sig={self.sign(method, digest, expires)}"
+
+    def check_signature(self, method: str, digest: str, query: dict[str, str]) -> bool:
+        """Whether the query carries a valid, unexpired signature for this request."""
+        try:
+            expires = int(query.get("expires", ""))
+        except ValueError:
+            return False
+        if expires < time.time():
+            return False
+        return hmac.compare_digest(self.sign(method, digest, expires), query.get("sig", ""))
+
+    def missing_blobs(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("producer", "worker")
+        body = fields(body, {"digests": list}, required=("digests",))
+        digests = body["digests"]
+        if len(digests) > self.limits.max_batch or not all(
+            isinstance(d, str) and len(d) == 64 for d in digests
+        ):
+            raise InvalidRequest("digests must be sha256 hex strings")
+        missing = sorted(self.plane.missing_blobs(digests))
+        return {"missing": missing, "upload": {d: self.signed_url("PUT", d) for d in missing}}
+
+    def put_blob(self, digest: str, data: bytes) -> None:
+        if len(data) > self.limits.max_body:
+            raise InvalidRequest("blob is over the body limit")
+        self.plane.put_blob(digest, data)
+
+    def get_blob(self, digest: str) -> bytes:
+        return self.plane.get_blob(digest)
+
+    # ------------------------------------------------------------------ daemons
+    def register_daemon(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("worker")
+        schema: dict[str, Any] = {
+            "id": (str, type(None)),
+            "name": str,
+            "queues": list,
+            "concurrency": int,
+            "python": str,
+            "pickle_protocols": list,
+            "host": str,
+        }
+        body = fields(body, schema, required=("name",))
+        now = self.plane.now()
+        daemon_id = body.get("id") or f"d-{secrets.token_hex(6)}"
+        old = self.plane.store.get_daemon(daemon_id)
+        rec = DaemonRecord(
+            id=daemon_id,
+            name=body["name"],
+            host=body.get("host", ""),
+            # the plane's queues win over the daemon's flags once it is known
+            queues=old.queues if old else [str(q) for q in body.get("queues", [])],
+            concurrency=old.concurrency if old else max(1, body.get("concurrency", 1)),
+            python=body.get("python", ""),
+            pickle_protocols=[int(p) for p in body.get("pickle_protocols", [])],
+            registered_at=old.registered_at if old else now,
+            last_heartbeat=now,
+            running=0,
+            draining=False,
+        )
+        for name in rec.queues:
+            ident.check_queue(name)
+        self.plane.store.put_daemon(rec)
+        return {"daemon": asdict(rec)}
+
+    def _daemon(self, daemon_id: str) -> DaemonRecord:
+        rec = self.plane.store.get_daemon(daemon_id)
+        if rec is None:
+            raise NotFound(f"no daemon {daemon_id!r}")
+        return rec
+
+    def daemon_heartbeat(
+        self, ident: Identity, daemon_id: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        ident.require("worker")
+        body = fields(body, {"running": int})
+        rec = self._daemon(daemon_id)
+        rec.last_heartbeat = self.plane.now()
+        rec.running = body.get("running", rec.running)
+        self.plane.store.put_daemon(rec)
+        return {"daemon": asdict(rec)}
+
+    def list_daemons(self, ident: Identity) -> dict[str, Any]:
+        return {"daemons": [asdict(d) for d in self.plane.store.list_daemons()]}
+
+    def update_daemon(
+        self, ident: Identity, daemon_id: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        ident.require()
+        body = fields(body, {"add_queues": list, "remove_queues": list, "concurrency": int})
+        rec = self._daemon(daemon_id)
+        queues = [q for q in rec.queues if q not in body.get("remove_queues", [])]
+        queues += [q for q in body.get("add_queues", []) if q not in queues]
+        if not all(isinstance(q, str) for q in queues):
+            raise InvalidRequest("queues must be names")
+        rec.queues = queues
+        if "concurrency" in body:
+            if body["concurrency"] < 1:
+                raise InvalidRequest("concurrency must be at least 1")
+            rec.concurrency = body["concurrency"]
+        self.plane.store.put_daemon(rec)
+        return {"daemon": asdict(rec)}
+
+    def drain_daemon(self, ident: Identity, daemon_id: str) -> dict[str, Any]:
+        ident.require()
+        rec = self._daemon(daemon_id)
+        rec.draining = True
+        self.plane.store.put_daemon(rec)
+        return {"daemon": asdict(rec)}
+
+    # ------------------------------------------------------------------ tokens
+    def create_token(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require()
+        body = fields(body, {"role": str, "queues": list, "name": str}, required=("role",))
+        secret, rec = create_token(
+            self.plane, body["role"], body.get("queues", ["*"]), body.get("name", "")
+        )
+        view = asdict(rec)
+        del view["secret_hash"]
+        return {"token": secret, **view}
+
+    def list_tokens(self, ident: Identity) -> dict[str, Any]:
+        ident.require()
+        views = []
+        for rec in self.plane.store.list_tokens():
+            view = asdict(rec)
+            del view["secret_hash"]
+            views.append(view)
+        return {"tokens": views}
+
+    def revoke_token(self, ident: Identity, token_id: str) -> dict[str, Any]:
+        ident.require()
+        rec = self.plane.store.get_token(token_id)
+        if rec is None:
+            raise NotFound(f"no token {token_id!r}")
+        if rec.revoked_at is None:
+            rec.revoked_at = self.plane.now()
+            self.plane.store.put_token(rec)
+        return {"revoked": True}
