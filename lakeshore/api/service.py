@@ -485,12 +485,14 @@ class Service:
         rec = DaemonRecord(
             id=daemon_id,
             name=body["name"],
-            host=body.get("host", ""),
+            host=body.get("host", old.host if old else ""),
             # the plane's queues win over the daemon's flags once it is known
             queues=old.queues if old else [str(q) for q in body.get("queues", [])],
             concurrency=old.concurrency if old else max(1, body.get("concurrency", 1)),
-            python=body.get("python", ""),
-            pickle_protocols=[int(p) for p in body.get("pickle_protocols", [])],
+            python=body.get("python", old.python if old else ""),
+            pickle_protocols=[
+                int(p) for p in body.get("pickle_protocols", old.pickle_protocols if old else [])
+            ],
             registered_at=old.registered_at if old else now,
             last_heartbeat=now,
             running=0,

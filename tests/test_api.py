@@ -1,0 +1,448 @@
+"""The HTTP API v1 through its Lambda handler: routes, auth, bad input.
+
+Requests are real API Gateway v2 events (built by handlers/apigw.py, as ``lakeshore
+serve`` builds them) resolved by the powertools router over an in-memory plane.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgpack
+import pytest
+
+from dreamlake.lakeshore.api import Limits, Service, bootstrap_admin
+from dreamlake.lakeshore.handlers import apigw
+from dreamlake.lakeshore.handlers.api import make_app
+from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.stores import SqliteStore
+from dreamlake.lakeshore.wire import encode_error, encode_result
+
+MP = "application/msgpack"
+JS = "application/json"
+
+
+@dataclass
+class Answer:
+    status: int
+    body: Any
+    headers: dict[str, str]
+
+    @property
+    def code(self) -> str:
+        return str(self.body["error"]["code"])
+
+
+class Client:
+    def __init__(self, app: Any, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        *,
+        ctype: str = MP,
+        accept: str | None = None,
+        token: str | None = "",
+        query: str = "",
+    ) -> Answer:
+        headers = {"content-type": ctype}
+        if accept:
+            headers["accept"] = accept
+        tok = self.token if token == "" else token
+        if tok:
+            headers["authorization"] = f"Bearer {tok}"
+        event = apigw.http_event(method, path, headers=headers, body=body, query_string=query)
+        status, hdrs, data = apigw.http_response(self.app.resolve(event, None))
+        h = {k.lower(): v for k, v in hdrs}
+        media = h.get("content-type", "")
+        if not data:
+            parsed: Any = None
+        elif media.startswith(MP):
+            parsed = msgpack.unpackb(data)
+        elif media.startswith(JS):
+            parsed = json.loads(data)
+        else:
+            parsed = data
+        return Answer(status, parsed, h)
+
+    def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Answer:
+        data = b"" if body is None else msgpack.packb(body, use_bin_type=True)
+        return self.raw(method, path, data, **kw)
+
+    def json(self, method: str, path: str, body: Any = None, **kw: Any) -> Answer:
+        data = b"" if body is None else json.dumps(body).encode()
+        return self.raw(method, path, data, ctype=JS, **kw)
+
+
+@dataclass
+class Api:
+    plane: Plane
+    service: Service
+    admin: Client
+    app: Any
+
+    def client(self, role: str, queues: list[str] | None = None) -> Client:
+        ans = self.admin.call("POST", "/v1/tokens", {"role": role, "queues": queues or ["*"]})
+        assert ans.status == 200, ans.body
+        return Client(self.app, ans.body["token"])
+
+
+@pytest.fixture
+def api() -> Iterator[Api]:
+    plane = Plane(SqliteStore(":memory:"))
+    service = Service(plane, limits=Limits(max_body=64 * 1024, inline_payload=8 * 1024))
+    app = make_app(service)
+    admin = bootstrap_admin(plane)
+    assert admin is not None
+    yield Api(plane, service, Client(app, admin), app)
+    plane.close()
+
+
+def submit_ref(client: Client, queue: str, *args: Any, **extra: Any) -> str:
+    item = {"queue": queue, "ref": "math:sqrt", "args": list(args), **extra}
+    ans = client.call("POST", "/v1/invocations", {"invocations": [item]})
+    assert ans.status == 200, ans.body
+    return str(ans.body["ids"][0])
+
+
+# --- hello and the first admin token ------------------------------------------------
+
+
+def test_hello_tells_the_caller_who_it_is(api: Api) -> None:
+    ans = api.admin.call("GET", "/v1/hello")
+    assert ans.status == 200
+    assert ans.body["identity"]["role"] == "admin"
+    assert ans.body["wire"] == [1]
+    assert set(ans.body["limits"]) == {"max_body", "inline_payload", "max_batch", "max_wait"}
+    assert abs(ans.body["time"] - api.plane.now()) < 5
+
+
+def test_bootstrap_makes_one_admin_token_only(api: Api) -> None:
+    assert bootstrap_admin(api.plane) is None
+
+
+def test_tokens_are_stored_hashed_and_never_listed(api: Api) -> None:
+    ans = api.admin.call("POST", "/v1/tokens", {"role": "producer", "name": "ci"})
+    secret = ans.body["token"]
+    listed = api.admin.call("GET", "/v1/tokens").body["tokens"]
+    assert all("token" not in t and "secret_hash" not in t for t in listed)
+    stored = api.plane.store.get_token(ans.body["id"])
+    assert stored is not None
+    assert secret.split("_", 2)[2] not in repr(stored)
+    assert stored.secret_hash == hashlib.sha256(secret.split("_", 2)[2].encode()).hexdigest()
+
+
+# --- auth ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("token", "reason"),
+    [
+        (None, "missing bearer token"),
+        ("nope", "malformed bearer token"),
+        ("lks_000000000000_wrong", "unknown or wrong token"),
+    ],
+)
+def test_missing_or_wrong_tokens_are_401(api: Api, token: str | None, reason: str) -> None:
+    ans = api.admin.call("GET", "/v1/hello", token=token)
+    assert (ans.status, ans.code) == (401, "unauthorized")
+    assert reason in ans.body["error"]["message"]
+
+
+def test_a_revoked_token_is_401(api: Api) -> None:
+    made = api.admin.call("POST", "/v1/tokens", {"role": "producer"}).body
+    assert api.admin.call("DELETE", f"/v1/tokens/{made['id']}").body == {"revoked": True}
+    ans = Client(api.app, made["token"]).call("GET", "/v1/hello")
+    assert (ans.status, ans.body["error"]["message"]) == (401, "this token was revoked")
+
+
+def test_a_producer_cannot_claim_and_a_worker_cannot_submit(api: Api) -> None:
+    producer, worker = api.client("producer"), api.client("worker")
+    claim = producer.call("POST", "/v1/claims", {"queues": ["q"], "worker": "w"})
+    assert (claim.status, claim.code) == (403, "forbidden")
+    sub = worker.call("POST", "/v1/invocations", {"invocations": [{"queue": "q", "ref": "m:f"}]})
+    assert (sub.status, sub.code) == (403, "forbidden")
+
+
+def test_scopes_keep_teams_apart(api: Api) -> None:
+    team_a = api.client("producer", ["a-*"])
+    team_b = api.client("producer", ["b-*"])
+    worker_b = api.client("worker", ["b-*"])
+    inv = submit_ref(team_a, "a-jobs", 4.0)
+    # Team B can neither read team A's invocation nor claim team A's work
+    assert team_b.call("GET", f"/v1/invocations/{inv}").status == 403
+    assert team_b.call("POST", "/v1/invocations/wait", {"ids": [inv]}).status == 403
+    assert team_b.call("POST", f"/v1/invocations/{inv}/cancel").status == 403
+    assert worker_b.call("POST", "/v1/claims", {"queues": ["a-jobs"], "worker": "w"}).status == 403
+    # And listing queues shows each team its own
+    submit_ref(team_b, "b-jobs", 9.0)
+    names = [q["name"] for q in team_b.call("GET", "/v1/queues").body["queues"]]
+    assert names == ["b-jobs"]
+
+
+def test_only_admin_manages_tokens_and_daemons(api: Api) -> None:
+    producer = api.client("producer")
+    assert producer.call("POST", "/v1/tokens", {"role": "admin"}).status == 403
+    assert producer.call("GET", "/v1/tokens").status == 403
+    assert producer.call("POST", "/v1/queues/prune", {"older_than": 1}).status == 403
+
+
+# --- the flow ------------------------------------------------------------------------------
+
+
+def test_curl_producer_submits_a_ref_call_as_json_and_reads_its_value(api: Api) -> None:
+    producer, worker = api.client("producer"), api.client("worker")
+    # Given a JSON submit of a ref call, as curl sends it
+    ans = producer.json(
+        "POST",
+        "/v1/invocations",
+        {"invocations": [{"queue": "tools", "ref": "math:sqrt", "args": [16]}]},
+    )
+    assert ans.status == 200
+    (inv,) = ans.body["ids"]
+    # When a worker claims it and completes it with a msgpack result
+    (claim,) = worker.call("POST", "/v1/claims", {"queues": ["tools"], "worker": "w"}).body[
+        "claims"
+    ]
+    assert claim["id"] == inv
+    done = worker.call(
+        "POST",
+        "/v1/completions",
+        {
+            "results": [
+                {
+                    "id": inv,
+                    "lease_token": claim["lease_token"],
+                    "result": encode_result(4.0, prefer_msgpack=True),
+                }
+            ]
+        },
+    )
+    assert done.body["answers"] == [{"id": inv, "ok": True, "error": None}]
+    # Then curl reads the plain value in JSON
+    view = producer.json("GET", f"/v1/invocations/{inv}").body["invocation"]
+    assert (view["state"], view["value"]) == ("succeeded", 4.0)
+    assert isinstance(view["result"], str)  # base64 in JSON
+
+
+def test_priority_queues_take_priority_from_ref_kwargs(api: Api) -> None:
+    producer, worker = api.client("producer"), api.client("worker")
+    producer.call(
+        "POST", "/v1/queues", {"name": "urgent", "kind": "priority", "priority_field": "p"}
+    )
+    low = producer.call(
+        "POST",
+        "/v1/invocations",
+        {"invocations": [{"queue": "urgent", "ref": "m:f", "kwargs": {"p": 1}}]},
+    )
+    high = producer.call(
+        "POST",
+        "/v1/invocations",
+        {"invocations": [{"queue": "urgent", "ref": "m:f", "kwargs": {"p": 5}}]},
+    )
+    claims = worker.call(
+        "POST", "/v1/claims", {"queues": ["urgent"], "worker": "w", "limit": 2}
+    ).body["claims"]
+    assert [c["id"] for c in claims] == [high.body["ids"][0], low.body["ids"][0]]
+
+
+def test_wait_returns_finished_views_and_times_out_empty(api: Api) -> None:
+    producer, worker = api.client("producer"), api.client("worker")
+    a, b = submit_ref(producer, "q", 1.0), submit_ref(producer, "q", 4.0)
+    assert producer.call("POST", "/v1/invocations/wait", {"ids": [a, b], "timeout": 0.05}).body == {
+        "invocations": []
+    }
+    (claim,) = worker.call("POST", "/v1/claims", {"queues": ["q"], "worker": "w"}).body["claims"]
+    worker.call(
+        "POST",
+        "/v1/completions",
+        {
+            "results": [
+                {
+                    "id": claim["id"],
+                    "lease_token": claim["lease_token"],
+                    "result": encode_result(1.0),
+                }
+            ]
+        },
+    )
+    views = producer.call("POST", "/v1/invocations/wait", {"ids": [a, b], "timeout": 1}).body[
+        "invocations"
+    ]
+    assert [v["id"] for v in views] == [a]
+
+
+def test_failures_heartbeats_and_stale_leases_answer_per_item(api: Api) -> None:
+    producer, worker = api.client("producer"), api.client("worker")
+    inv = submit_ref(producer, "q", 1.0)
+    (claim,) = worker.call("POST", "/v1/claims", {"queues": ["q"], "worker": "w"}).body["claims"]
+    beat = worker.call(
+        "POST", "/v1/heartbeats", {"leases": [{"id": inv, "lease_token": claim["lease_token"]}]}
+    )
+    assert beat.body["answers"][0]["ok"] is True
+    stale = worker.call(
+        "POST",
+        "/v1/completions",
+        {"results": [{"id": inv, "lease_token": "stale", "result": b"x"}]},
+    )
+    assert stale.status == 200
+    assert stale.body["answers"][0]["error"]["code"] == "lease_lost"
+    err = encode_error(ValueError("boom"))
+    failed = worker.call(
+        "POST",
+        "/v1/failures",
+        {"failures": [{"id": inv, "lease_token": claim["lease_token"], "error": err}]},
+    )
+    assert failed.body["answers"] == [{"id": inv, "ok": True, "state": "failed", "error": None}]
+    view = producer.call("GET", f"/v1/invocations/{inv}").body["invocation"]
+    assert view["error"]["message"] == "boom"
+
+
+def test_a_replayed_submit_is_idempotent_and_another_body_is_409(api: Api) -> None:
+    producer = api.client("producer")
+    first = submit_ref(producer, "q", 1.0, id="job-1")
+    assert submit_ref(producer, "q", 1.0, id="job-1") == first
+    ans = producer.call(
+        "POST",
+        "/v1/invocations",
+        {"invocations": [{"id": "job-1", "queue": "q", "ref": "math:sqrt", "args": [2.0]}]},
+    )
+    assert (ans.status, ans.code) == (409, "idempotency_conflict")
+
+
+def test_listing_invocations_pages_by_cursor(api: Api) -> None:
+    producer = api.client("producer")
+    ids = sorted(submit_ref(producer, "q", float(i), id=f"job-{i:02d}") for i in range(5))
+    page1 = producer.call("GET", "/v1/invocations", query="queue=q&limit=3").body
+    page2 = producer.call(
+        "GET", "/v1/invocations", query=f"queue=q&limit=3&cursor={page1['next']}"
+    ).body
+    assert [v["id"] for v in page1["invocations"] + page2["invocations"]] == ids
+    assert page2["next"] is None
+    pending = producer.call("GET", "/v1/invocations", query="queue=q&state=pending").body
+    assert len(pending["invocations"]) == 5
+
+
+def test_blobs_move_by_signed_url_without_a_token(api: Api) -> None:
+    producer = api.client("producer")
+    data = b"x" * 20_000
+    digest = hashlib.sha256(data).hexdigest()
+    ans = producer.call("POST", "/v1/blobs/missing", {"digests": [digest]})
+    assert ans.body["missing"] == [digest]
+    url = urlsplit(ans.body["upload"][digest])
+    put = producer.raw(
+        "PUT", url.path, data, ctype="application/octet-stream", token=None, query=url.query
+    )
+    assert put.status == 204
+    assert producer.call("POST", "/v1/blobs/missing", {"digests": [digest]}).body["missing"] == []
+    got = producer.raw("GET", f"/v1/blobs/{digest}")
+    assert got.body == data
+    tampered = producer.raw(
+        "GET", f"/v1/blobs/{digest}", token=None, query=url.query.replace("sig=", "sig=0")
+    )
+    assert tampered.status == 401
+    wrong = producer.raw("PUT", f"/v1/blobs/{'0' * 64}", data, ctype="application/octet-stream")
+    assert (wrong.status, wrong.code) == (400, "invalid_request")
+
+
+def test_daemons_register_keep_identity_and_take_updates(api: Api) -> None:
+    worker = api.client("worker")
+    first = worker.call(
+        "POST",
+        "/v1/daemons",
+        {
+            "name": "gpu-1",
+            "queues": ["a"],
+            "concurrency": 2,
+            "python": "3.11",
+            "pickle_protocols": [5],
+        },
+    ).body["daemon"]
+    api.admin.call(
+        "PATCH",
+        f"/v1/daemons/{first['id']}",
+        {"add_queues": ["b"], "remove_queues": ["a"], "concurrency": 4},
+    )
+    again = worker.call(
+        "POST", "/v1/daemons", {"id": first["id"], "name": "gpu-1", "queues": ["a"]}
+    ).body["daemon"]
+    assert (again["queues"], again["concurrency"]) == (["b"], 4)
+    api.admin.call("POST", f"/v1/daemons/{first['id']}/drain")
+    beat = worker.call("POST", f"/v1/daemons/{first['id']}/heartbeat", {"running": 1}).body[
+        "daemon"
+    ]
+    assert beat["draining"] is True
+    hello = worker.call("GET", "/v1/hello").body
+    assert hello["workers"] == {"python": ["3.11"], "pickle_protocols": [5]}
+
+
+# --- bad input: a 4xx with a reason, nothing stored changes ---------------------------------
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+BAD_BODIES = [
+    (b"\xc1\xc1", MP, "malformed body"),
+    (b"{not json", JS, "malformed body"),
+    (msgpack.packb([1, 2]), MP, "body must be a map"),
+    (msgpack.packb({"invocations": "nope"}), MP, "must be list"),
+    (
+        msgpack.packb({"invocations": [{"queue": "q", "ref": "m:f"}], "extra": 1}),
+        MP,
+        "unknown field",
+    ),
+    (msgpack.packb({"invocations": [{"queue": "q"}]}), MP, "exactly one of payload, ref, exec"),
+    (msgpack.packb({"invocations": [{"queue": "q", "payload": b"junk"}]}), MP, "malformed msgpack"),
+    (msgpack.packb({"invocations": [{"queue": "bad name!", "ref": "m:f"}]}), MP, "queue name"),
+    (msgpack.packb({"invocations": [{"queue": "q", "ref": "nocolon"}]}), MP, "module:function"),
+    (
+        msgpack.packb({"invocations": [{"queue": "q", "ref": "m:f", "priority": True}]}),
+        MP,
+        "wrong type",
+    ),
+    (msgpack.packb({"invocations": []}), MP, "1 to"),
+    (b"x" * 70_000, MP, "over the"),
+    (b"<xml/>", "text/xml", "content type"),
+    (json.dumps({"a": _nested(40)}).encode(), JS, "nests"),
+]
+
+
+@pytest.mark.parametrize(("body", "ctype", "reason"), BAD_BODIES)
+def test_bad_bodies_are_4xx_with_a_reason_and_change_nothing(
+    api: Api, body: bytes, ctype: str, reason: str
+) -> None:
+    producer = api.client("producer")
+    ans = producer.raw("POST", "/v1/invocations", body, ctype=ctype)
+    assert 400 <= ans.status < 500, ans.body
+    assert reason in ans.body["error"]["message"]
+    assert "\n" not in ans.body["error"]["message"]
+    assert api.plane.store.list_queues() == []
+
+
+def test_unknown_routes_and_methods(api: Api) -> None:
+    assert api.admin.call("GET", "/v1/nothing").status == 404
+    assert api.admin.call("GET", "/v2/hello").status == 404
+    ans = api.admin.call("DELETE", "/v1/hello")
+    assert (ans.status, ans.code) == (405, "method_not_allowed")
+    assert api.admin.call("PUT", "/v1/invocations/x").status == 405
+
+
+def test_answers_follow_accept(api: Api) -> None:
+    ans = api.admin.raw("GET", "/v1/hello", ctype=MP, accept=JS)
+    assert ans.headers["content-type"].startswith(JS)
+    ans = api.admin.raw("GET", "/v1/hello", ctype=JS, accept=MP)
+    assert ans.headers["content-type"].startswith(MP)
