@@ -214,7 +214,8 @@ class _QueueHandle:
         if isinstance(fn, str):
             encoded = encode_ref_call(fn, args, kwargs)
         else:
-            encoded = encode_pickle_call(fn, args, kwargs, body=body)
+            limit = dp.transport.inline_limit()
+            encoded = encode_pickle_call(fn, args, kwargs, body=body, inline_limit=limit)
         dp.upload(encoded.blobs)
         priority = opts.priority or 0.0
         if stored.kind in ("priority", "boltzmann") and stored.priority_field in kwargs:
@@ -320,7 +321,7 @@ class Queue(_QueueHandle):
         ``ExpiredInvocation``.
         """
         rec = await self._wait_async(inv_id, timeout)
-        return outcome(rec, self.dispatch.transport.now())
+        return outcome(rec, self.dispatch.transport)
 
     async def status(self, inv_id: str) -> str:
         """``scheduled``, ``pending``, ``running``, ``succeeded``, ``failed``,
@@ -359,7 +360,7 @@ class SyncQueue(_QueueHandle):
 
     def result(self, inv_id: str, timeout: float | None = None) -> Any:
         """As :meth:`Queue.result`, blocking."""
-        return outcome(self._wait_sync(inv_id, timeout), self.dispatch.transport.now())
+        return outcome(self._wait_sync(inv_id, timeout), self.dispatch.transport)
 
     def status(self, inv_id: str) -> str:
         return self._status(inv_id)

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import CancelledError, ExpiredInvocation, InvocationDead
 from .plane.model import Invocation, RetryPolicy, State
-from .wire import decode_error, decode_result
+from .wire import decode_error, decode_result, result_blob
 
 if TYPE_CHECKING:
     from .dispatch import Dispatch
+    from .transport import Transport
 
 __all__ = ["SubmitOptions", "key_id", "new_id", "outcome"]
 
@@ -84,15 +85,16 @@ class SubmitOptions:
         return cls(**merged), theirs
 
 
-def outcome(rec: Invocation, now: float) -> Any:
+def outcome(rec: Invocation, transport: Transport) -> Any:
     """The value of a finished invocation, or the exception it stands for."""
-    if rec.is_expired(now):
+    if rec.is_expired(transport.now()):
         raise ExpiredInvocation(
             f"invocation {rec.id!r} finished {rec.state.value}; its result passed retention"
         )
     if rec.state is State.SUCCEEDED:
         assert rec.result is not None
-        return decode_result(rec.result)
+        ref = result_blob(rec.result)
+        return decode_result(rec.result if ref is None else transport.get_blob(ref))
     message = str((rec.error or {}).get("message") or "")
     if rec.state is State.CANCELLED:
         raise CancelledError(f"invocation {rec.id!r} was cancelled")

@@ -21,6 +21,10 @@ class Transport(Protocol):
         """The plane's clock (expiry is judged by it, not by the caller's)."""
         ...
 
+    def inline_limit(self) -> int:
+        """Bytes of arguments or result kept inline; larger ones travel as blobs."""
+        ...
+
     def ensure_queue(
         self, spec: QueueSpec, *, create: bool = True, check: Iterable[str] = ()
     ) -> QueueSpec: ...

@@ -45,6 +45,7 @@ __all__ = [
     "encode_ref_call",
     "encode_result",
     "pack",
+    "result_blob",
     "unpack",
 ]
 
@@ -60,6 +61,9 @@ _OWN_PREFIX = "dreamlake.lakeshore."
 BY_CODE_NAME: dict[str, type[LakeshoreError]] = {
     c.__name__: c for c in BY_CODE.values() if c is not RemoteError
 }
+
+#: bytes of pickled arguments or of a result kept inline; larger ones travel as blobs
+DEFAULT_INLINE_LIMIT = 256 * 1024
 
 PY_VERSION = f"{sys.version_info.major}.{sys.version_info.minor}"
 
@@ -135,21 +139,37 @@ def pickle_function(fn: Any) -> bytes:
 
 
 def encode_pickle_call(
-    fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *, body: bytes | None = None
+    fn: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    body: bytes | None = None,
+    inline_limit: int = DEFAULT_INLINE_LIMIT,
 ) -> EncodedCall:
-    """A ``pickle`` payload. ``body`` is the function's pickled bytes when cached."""
+    """A ``pickle`` payload. ``body`` is the function's pickled bytes when cached.
+
+    Arguments over ``inline_limit`` bytes travel as a blob (``args_ref``), like the
+    function body: the payload item stays small wherever the plane keeps it.
+    """
     body = pickle_function(fn) if body is None else body
     fn_digest = digest(body)
-    envelope = {
+    blobs = {fn_digest: body}
+    pickled_args = _pickle_args(fn, args, kwargs)
+    envelope: dict[str, Any] = {
         "v": WIRE_VERSION,
         "kind": "pickle",
         "fn": fn_digest,
-        "args": _pickle_args(fn, args, kwargs),
         "name": _fn_name(fn),
         "py": PY_VERSION,
         "proto": PICKLE_PROTOCOL,
     }
-    return EncodedCall(pack(envelope), {fn_digest: body}, {})
+    if len(pickled_args) > inline_limit:
+        args_digest = digest(pickled_args)
+        blobs[args_digest] = pickled_args
+        envelope["args_ref"] = args_digest
+    else:
+        envelope["args"] = pickled_args
+    return EncodedCall(pack(envelope), blobs, {})
 
 
 def encode_ref_call(target: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> EncodedCall:
@@ -184,7 +204,7 @@ def encode_exec(cmd: str | list[str], env: dict[str, str] | None, cwd: str | Non
 
 
 _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "pickle": {"fn": str, "args": bytes},
+    "pickle": {"fn": str},
     "ref": {"target": str, "args": list, "kwargs": dict},
     "exec": {"cmd": (str, list), "env": dict},
 }
@@ -203,23 +223,49 @@ def decode_payload(data: bytes) -> dict[str, Any]:
     for key, typ in _REQUIRED[kind].items():
         if not isinstance(env.get(key), typ):
             raise InvalidRequest(f"{kind} payload needs {key!r}")
+    if kind == "pickle" and not (
+        isinstance(env.get("args"), bytes) or isinstance(env.get("args_ref"), str)
+    ):
+        raise InvalidRequest("pickle payload needs 'args' (bytes) or 'args_ref' (a blob digest)")
     return env
 
 
-def encode_result(value: Any, *, prefer_msgpack: bool = False) -> bytes:
-    """Encode a return value; raises :class:`SerializationError` if it cannot travel."""
+def encode_result(
+    value: Any, *, prefer_msgpack: bool = False, inline_limit: int | None = None
+) -> tuple[bytes, dict[str, bytes]]:
+    """Encode a return value: the result envelope and the blobs it references.
+
+    A result over ``inline_limit`` bytes becomes a blob and the envelope names it
+    (``{"kind": "blob", "digest": ..., "inner": "pickle" | "msgpack"}``). Raises
+    :class:`SerializationError` if the value cannot travel.
+    """
+    env: dict[str, Any] | None = None
     if prefer_msgpack:
         try:
-            return pack({"v": WIRE_VERSION, "kind": "msgpack", "data": value})
+            env = {"v": WIRE_VERSION, "kind": "msgpack", "data": value}
+            data = pack(env)
         except (TypeError, ValueError, OverflowError):
-            pass
-    try:
-        data = cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
-    except Exception as exc:
-        raise SerializationError(
-            f"the return value ({type(value).__name__}) cannot be pickled: {exc}"
-        ) from exc
-    return pack({"v": WIRE_VERSION, "kind": "pickle", "data": data})
+            env = None
+    if env is None:
+        try:
+            pickled = cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
+        except Exception as exc:
+            raise SerializationError(
+                f"the return value ({type(value).__name__}) cannot be pickled: {exc}"
+            ) from exc
+        data = pack({"v": WIRE_VERSION, "kind": "pickle", "data": pickled})
+    if inline_limit is not None and len(data) > inline_limit:
+        ref = digest(data)
+        return pack({"v": WIRE_VERSION, "kind": "blob", "digest": ref}), {ref: data}
+    return data, {}
+
+
+def result_blob(data: bytes) -> str | None:
+    """The digest of the blob a result envelope stands for, if it is one."""
+    env = unpack(data)
+    if isinstance(env, dict) and env.get("kind") == "blob" and isinstance(env.get("digest"), str):
+        return str(env["digest"])
+    return None
 
 
 def decode_result(data: bytes) -> Any:

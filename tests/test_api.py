@@ -222,7 +222,7 @@ def test_curl_producer_submits_a_ref_call_as_json_and_reads_its_value(api: Api) 
                 {
                     "id": inv,
                     "lease_token": claim["lease_token"],
-                    "result": encode_result(4.0, prefer_msgpack=True),
+                    "result": encode_result(4.0, prefer_msgpack=True)[0],
                 }
             ]
         },
@@ -270,7 +270,7 @@ def test_wait_returns_finished_views_and_times_out_empty(api: Api) -> None:
                 {
                     "id": claim["id"],
                     "lease_token": claim["lease_token"],
-                    "result": encode_result(1.0),
+                    "result": encode_result(1.0)[0],
                 }
             ]
         },

@@ -169,7 +169,7 @@ def test_elasticity_caps_running_invocations(dispatch: dls.Dispatch) -> None:
 def dls_result() -> bytes:
     from dreamlake.lakeshore.wire import encode_result
 
-    return encode_result(None)
+    return encode_result(None)[0]
 
 
 # --- pattern A: string-as-queue in @udf ------------------------------------------------

@@ -16,7 +16,7 @@ import pickle
 import subprocess
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from ..errors import InvalidRequest, SerializationError
@@ -34,6 +34,8 @@ _FN_CACHE = 256
 class Outcome:
     ok: bool
     result: bytes | None = None
+    #: blobs the result references (a result over the inline limit)
+    blobs: dict[str, bytes] = field(default_factory=dict)
     error: dict[str, Any] | None = None
     #: a raise may be retried by policy; a payload that cannot load may not
     retryable: bool = True
@@ -67,7 +69,9 @@ class Executor:
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() must not end us
             return Outcome(ok=False, error=encode_error(exc))
         try:
-            return Outcome(ok=True, result=encode_result(value, prefer_msgpack=prefer_msgpack))
+            limit = self._transport.inline_limit()
+            data, blobs = encode_result(value, prefer_msgpack=prefer_msgpack, inline_limit=limit)
+            return Outcome(ok=True, result=data, blobs=blobs)
         except SerializationError as exc:
             return Outcome(ok=False, error=encode_error(exc), retryable=False)
 
@@ -77,7 +81,10 @@ class Executor:
         if kind == "pickle":
             fn = self._function(env)
             try:
-                args, kwargs = pickle.loads(env["args"])
+                raw = env.get("args")
+                if raw is None:
+                    raw = self._transport.get_blob(env["args_ref"])
+                args, kwargs = pickle.loads(raw)
             except Exception as exc:
                 raise _LoadError(self._load_message("its arguments", env, exc)) from exc
             return (lambda: fn(*args, **kwargs)), False

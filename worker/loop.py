@@ -110,6 +110,7 @@ def run_worker(
                 try:
                     if outcome.ok:
                         assert outcome.result is not None
+                        dp.upload(outcome.blobs)
                         transport.complete(claim.id, claim.lease_token, outcome.result)
                     else:
                         assert outcome.error is not None

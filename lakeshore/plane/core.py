@@ -101,6 +101,7 @@ class Plane:
         tombstone: float = 30 * 86400.0,
         sweep_interval: float = 1.0,
         rng: random.Random | None = None,
+        inline_limit: int = 256 * 1024,
     ) -> None:
         self.store = store
         self.clock: Clock = clock or SystemClock()
@@ -110,6 +111,7 @@ class Plane:
         self.tombstone = tombstone
         self.sweep_interval = sweep_interval
         self._rng = rng or random.Random()
+        self._inline_limit = inline_limit
         self._changes = Changes(store)
         self._next_sweep = 0.0
         self._next_purge = 0.0
@@ -118,6 +120,9 @@ class Plane:
 
     def now(self) -> float:
         return self.clock.now()
+
+    def inline_limit(self) -> int:
+        return self._inline_limit
 
     # ------------------------------------------------------------------ queues
     def ensure_queue(

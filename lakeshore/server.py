@@ -1,0 +1,516 @@
+"""The plane over HTTP on one machine: the server behind ``lakeshore serve``.
+
+::
+
+    client ──HTTP/1.1──▶ uvicorn (httptools parser, uvloop, TCP_NODELAY on every socket)
+                           │ PlaneASGI: method, path, query, headers, body (≤ max_body, else 413)
+                           │ apigw.http_event(...)          the one module that knows the event
+                           ▼
+                 a pool of `threads` threads, one per request in flight
+                           │ resolver.resolve(event, ctx)   the code the Lambda runs
+                           ▼
+                 apigw.http_response(...) → one response, Content-Length, one body message
+
+The resolver is synchronous and some routes wait (claims with ``wait``, invocation
+waits: up to ``limits.max_wait``), so each request runs on a thread of a dedicated pool,
+never on the event loop nor in anyio's 40-thread default. A request that finds every
+thread busy is answered ``503 unavailable`` at once instead of queueing behind long
+polls.
+
+Powertools' resolver keeps the request it answers on the class (``current_event``,
+``lambda_context``) and in one dict (``context``, which carries the route's path
+arguments): right in a Lambda, which answers one request at a time, wrong under threads.
+:func:`thread_safe` moves that state into thread-locals.
+
+:func:`serve_in_thread` is the programmatic form (tests, the pytest plugin);
+:class:`LocalServer` is what both it and the command use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+from .handlers import apigw
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from .plane import Plane
+
+__all__ = [
+    "DEFAULT_MAX_BODY",
+    "DEFAULT_THREADS",
+    "LocalServer",
+    "PlaneASGI",
+    "serve_in_thread",
+    "thread_safe",
+]
+
+log = logging.getLogger("dreamlake.lakeshore.server")
+
+#: threads answering requests: every one may sit in a long poll for up to max_wait
+DEFAULT_THREADS = 512
+#: request body limit when the service advertises none (API Gateway's own is 10 MB)
+DEFAULT_MAX_BODY = 10 * 1024 * 1024
+#: seconds in-flight requests get to finish once a stop is asked (long polls are cut)
+GRACEFUL_SECONDS = 1.0
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class Resolver(Protocol):
+    """What the adapter needs of a powertools resolver."""
+
+    def resolve(self, event: dict[str, Any], context: Any) -> dict[str, Any]: ...
+
+
+# --- powertools under threads ------------------------------------------------------------
+
+
+def _per_thread_class(cls: type) -> type:
+    """A subclass of a powertools resolver class whose per-request state is per thread.
+
+    Powertools' ``resolve`` assigns ``BaseRouter.current_event`` (a class attribute shared
+    by every resolver in the process) and keeps the matched route and its path arguments
+    in ``self.context``: two threads answering at once would read each other's request.
+    The properties here shadow those names, and ``resolve`` sets them for the calling
+    thread before handing over to powertools (whose own class-level assignment then
+    goes unread).
+    """
+
+    class PerThread(cls):  # type: ignore[valid-type,misc]
+        def _slot(self) -> threading.local:
+            return cast(threading.local, self.__dict__["_lakeshore_local"])
+
+        @property
+        def current_event(self) -> Any:
+            return getattr(self._slot(), "current_event", None)
+
+        @current_event.setter
+        def current_event(self, value: Any) -> None:
+            self._slot().current_event = value
+
+        @property
+        def lambda_context(self) -> Any:
+            return getattr(self._slot(), "lambda_context", None)
+
+        @lambda_context.setter
+        def lambda_context(self, value: Any) -> None:
+            self._slot().lambda_context = value
+
+        @property
+        def context(self) -> dict[str, Any]:
+            slot = self._slot()
+            if not hasattr(slot, "context"):
+                slot.context = {}
+            return cast(dict[str, Any], slot.context)
+
+        @context.setter
+        def context(self, value: dict[str, Any]) -> None:
+            self._slot().context = value
+
+        @property
+        def processed_stack_frames(self) -> list[str]:
+            slot = self._slot()
+            if not hasattr(slot, "frames"):
+                slot.frames = []
+            return cast(list[str], slot.frames)
+
+        @processed_stack_frames.setter
+        def processed_stack_frames(self, value: list[str]) -> None:
+            self._slot().frames = value
+
+        def resolve(self, event: Mapping[str, Any], context: Any) -> dict[str, Any]:
+            slot = self._slot()
+            slot.current_event = self._to_proxy_event(dict(event))
+            slot.lambda_context = context
+            try:
+                return cast(dict[str, Any], super().resolve(event, context))
+            finally:
+                slot.current_event = slot.lambda_context = None
+
+    PerThread.__name__ = PerThread.__qualname__ = f"ThreadSafe{cls.__name__}"
+    PerThread._lakeshore_thread_safe = True
+    return PerThread
+
+
+R = TypeVar("R")
+_safe_classes: dict[type, type] = {}
+
+
+def thread_safe(app: R) -> R:
+    """Make a powertools resolver answer requests from many threads at once (in place).
+
+    Route handlers that read ``app.current_event`` see their own thread's request.
+    """
+    cls = type(app)
+    if getattr(cls, "_lakeshore_thread_safe", False):
+        return app
+    safe = _safe_classes.get(cls)
+    if safe is None:
+        safe = _safe_classes[cls] = _per_thread_class(cls)
+    app.__dict__["_lakeshore_local"] = threading.local()
+    app.__class__ = safe
+    return app
+
+
+class _LocalContext:
+    """Stands in for the Lambda context object (nothing here is a Lambda)."""
+
+    function_name = "lakeshore-serve"
+    function_version = "$LATEST"
+    invoked_function_arn = "arn:aws:lambda:local:000000000000:function:lakeshore-serve"
+    memory_limit_in_mb = 0
+    log_group_name = log_stream_name = "local"
+
+    def __init__(self, request_id: str) -> None:
+        self.aws_request_id = request_id
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 900_000
+
+
+# --- the ASGI adapter --------------------------------------------------------------------
+
+
+class PlaneASGI:
+    """An ASGI app answering every request with ``resolver`` (HTTP only; no lifespan).
+
+    ``max_body`` bounds one request body: a larger ``Content-Length`` is refused with 413
+    before any of the body is read (a client sending ``Expect: 100-continue`` never sends
+    it), a chunked body as soon as it passes the limit. ``threads`` requests run at once;
+    one more is ``503 unavailable`` with ``Retry-After``.
+    """
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        *,
+        max_body: int = DEFAULT_MAX_BODY,
+        threads: int = DEFAULT_THREADS,
+    ) -> None:
+        if threads < 1:
+            raise ValueError("threads must be at least 1")
+        self.resolver = resolver
+        self.max_body = max_body
+        self.threads = threads
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lakeshore-api")
+        self._idle = threading.Condition()
+        #: requests handed to the pool and not yet answered (never more than ``threads``)
+        self.in_flight = 0
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Take no more requests; wait up to ``timeout`` for running ones. True when idle."""
+        self._pool.shutdown(wait=False)
+        with self._idle:
+            return self._idle.wait_for(lambda: self.in_flight == 0, timeout)
+
+    def _take_thread(self) -> bool:
+        with self._idle:
+            if self.in_flight >= self.threads:
+                return False
+            self.in_flight += 1
+            return True
+
+    def _give_thread(self) -> None:
+        with self._idle:
+            self.in_flight -= 1
+            self._idle.notify_all()
+
+    def _answer(self, event: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
+        try:
+            ctx = _LocalContext(event["requestContext"]["requestId"])
+            return apigw.http_response(self.resolver.resolve(event, ctx))
+        except Exception:
+            # The resolver turns every error it knows into an answer; this is a bug.
+            log.exception("unhandled error answering %s", event.get("rawPath"))
+            return _error_response(500, "error", "internal error", event.get("headers") or {})
+        finally:
+            self._give_thread()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return  # websockets are not part of the API
+        headers: dict[str, str] = {}
+        for raw_name, raw_value in scope["headers"]:
+            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+            headers[name] = f"{headers[name]},{value}" if name in headers else value
+        body = await self._read_body(headers, receive)
+        if body is None:
+            answer = _error_response(
+                413,
+                "payload_too_large",
+                f"request body over the {self.max_body} byte limit",
+                headers,
+            )
+        elif not self._take_thread():
+            answer = _error_response(
+                503, "unavailable", f"all {self.threads} request threads are busy", headers
+            )
+            answer[1].append(("retry-after", "1"))
+        else:
+            client = scope.get("client")
+            event = apigw.http_event(
+                scope["method"],
+                scope["path"],
+                query_string=scope["query_string"].decode("latin-1"),
+                headers=headers,
+                body=body,
+                source_ip=client[0] if client else "127.0.0.1",
+            )
+            try:
+                future = asyncio.get_running_loop().run_in_executor(self._pool, self._answer, event)
+            except RuntimeError:  # the pool was shut down: the server is stopping
+                self._give_thread()
+                answer = _error_response(503, "unavailable", "the server is stopping", headers)
+            else:
+                answer = await future
+        await _send(send, *answer, head=scope["method"] == "HEAD")
+
+    async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:
+        """The whole body, or None when it is over the limit (then left unread)."""
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away; answer into the void
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks)
+
+
+def _error_response(
+    status: int, code: str, message: str, headers: Mapping[str, str]
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    """An error in the API's shape and the client's content type (the codec decides)."""
+    from .api import codec
+
+    media = codec.pick_type(headers.get("content-type"), headers.get("accept"))
+    body = codec.encode_body({"error": {"code": code, "message": message}}, media)
+    return status, [("content-type", media)], body
+
+
+async def _send(
+    send: Send, status: int, headers: list[tuple[str, str]], body: bytes, *, head: bool = False
+) -> None:
+    raw = [
+        (k.lower().encode("latin-1"), v.encode("latin-1"))
+        for k, v in headers
+        if k.lower() not in ("content-length", "transfer-encoding")
+    ]
+    raw.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": b"" if head else body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+# --- the server ----------------------------------------------------------------------------
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if host in ("0.0.0.0", "::"):
+        host = "127.0.0.1" if host == "0.0.0.0" else "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _service_max_body(service: Any) -> int:
+    limits = getattr(service, "limits", None)
+    value = (
+        limits.get("max_body") if isinstance(limits, Mapping) else getattr(limits, "max_body", None)
+    )
+    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_MAX_BODY
+
+
+class LocalServer:
+    """A plane in a SQLite file, served over HTTP by uvicorn in a background thread.
+
+    ``start()`` binds (``port=0`` picks a free port; :attr:`url` has the real one), opens
+    the plane, makes the first admin token of a fresh plane (or a new one with
+    ``new_admin_token``) and returns once the server accepts connections. ``stop()`` cuts
+    long polls after :data:`GRACEFUL_SECONDS` and closes the plane.
+    """
+
+    def __init__(
+        self,
+        plane_path: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        new_admin_token: bool = False,
+        threads: int = DEFAULT_THREADS,
+        access_log: bool = False,
+    ) -> None:
+        self.plane_path = Path(plane_path)
+        self.host = host
+        self.port = port
+        self.new_admin_token = new_admin_token
+        self.threads = threads
+        self.access_log = access_log
+        self.url = ""
+        #: the admin token made at start (fresh plane or ``new_admin_token``), else None
+        self.admin_token: str | None = None
+        #: whether that token came from bootstrapping a fresh plane
+        self.bootstrapped = False
+        self.plane: Plane | None = None
+        self.asgi: PlaneASGI | None = None
+        self.uvicorn: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        import uvicorn
+
+        from .api import Service, bootstrap_admin, create_token
+        from .handlers.api import make_app
+        from .plane import Plane
+        from .stores import SqliteStore
+
+        sock = _bind(self.host, self.port)
+        try:
+            self.url = _url(sock)
+            self.plane = Plane(SqliteStore(self.plane_path))
+            service = Service(self.plane, server="lakeshore serve")
+            self.admin_token = bootstrap_admin(self.plane)
+            self.bootstrapped = self.admin_token is not None
+            if self.admin_token is None and self.new_admin_token:
+                self.admin_token, _ = create_token(self.plane, "admin", name="lakeshore serve")
+            self.asgi = PlaneASGI(
+                thread_safe(make_app(service)),
+                max_body=_service_max_body(service),
+                threads=self.threads,
+            )
+            config = uvicorn.Config(
+                self.asgi,
+                http="httptools",
+                loop="uvloop",
+                ws="none",
+                lifespan="off",
+                log_config=None,
+                access_log=self.access_log,
+                server_header=False,
+                timeout_graceful_shutdown=int(GRACEFUL_SECONDS) or 1,
+                backlog=2048,
+            )
+            self.uvicorn = server = uvicorn.Server(config)
+            self._thread = threading.Thread(
+                target=server.run, kwargs={"sockets": [sock]}, name="lakeshore-serve", daemon=True
+            )
+            self._thread.start()
+            deadline = time.monotonic() + timeout
+            while not server.started:
+                if not self._thread.is_alive() or time.monotonic() > deadline:
+                    raise RuntimeError(f"lakeshore serve did not start on {self.url}")
+                time.sleep(0.005)
+        except BaseException:
+            sock.close()
+            self._close_plane()
+            raise
+
+    def request_stop(self, *, force: bool = False) -> None:
+        """Ask the server to stop (safe from a signal handler); ``force`` skips the grace."""
+        if self.uvicorn is not None:
+            self.uvicorn.should_exit = True
+            if force:
+                self.uvicorn.force_exit = True
+
+    @property
+    def stopping(self) -> bool:
+        return self.uvicorn is not None and self.uvicorn.should_exit
+
+    def wait(self) -> None:
+        """Block until the server stops (in short joins, so signals are handled)."""
+        while self._thread is not None and self._thread.is_alive():
+            self._thread.join(0.2)
+
+    def stop(self) -> None:
+        self.request_stop()
+        self.wait()
+        self._close_plane()
+
+    def _close_plane(self) -> None:
+        asgi, plane = self.asgi, self.plane
+        self.asgi = self.plane = None
+        # Let running requests end by themselves for a moment; then close the plane,
+        # which ends the long polls still waiting (their answers go nowhere).
+        idle = asgi.close(timeout=GRACEFUL_SECONDS) if asgi is not None else True
+        if plane is not None:
+            plane.close()
+        if asgi is not None and not idle:
+            asgi.close(timeout=5.0)
+
+    def __enter__(self) -> LocalServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def serve_in_thread(
+    plane_path: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    new_admin_token: bool = False,
+    threads: int = DEFAULT_THREADS,
+) -> Iterator[tuple[str, str | None]]:
+    """Serve the plane in ``plane_path`` while the block runs; yield ``(url, admin_token)``.
+
+    ``port=0`` binds a free port (the url has it). ``admin_token`` is the bootstrap token
+    of a fresh plane, a new one with ``new_admin_token``, else None.
+    """
+    server = LocalServer(
+        plane_path, host=host, port=port, new_admin_token=new_admin_token, threads=threads
+    )
+    with server:
+        yield server.url, server.admin_token

@@ -1,0 +1,1 @@
+"""Lakeshore pytest plugin (placeholder)."""
