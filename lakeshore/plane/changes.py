@@ -1,8 +1,9 @@
 """Wake-ups: claim waits and result watches without sleep-polling in one process.
 
 Writes made through this plane object notify at once. When the store is shared with
-other processes (a SQLite file), one poller thread per plane watches the store's change
-marker every ``poll_interval`` seconds while anybody waits, and wakes them on a change.
+other processes (a SQLite file, DynamoDB), one poller thread per plane watches the
+store's change marker every ``store.poll_interval`` seconds while anybody waits, and
+wakes them on a change.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ class _Watch:
 
 
 class Changes:
-    def __init__(self, store: Store, *, poll_interval: float = 0.002) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
-        self._poll_interval = poll_interval
+        self._poll_interval = store.poll_interval
         self._cond = threading.Condition()
         self._generation = 0
         self._waiters = 0

@@ -20,6 +20,8 @@ __all__ = ["Store"]
 class Store(Protocol):
     #: another process may write to this store, so waits must poll for changes
     shared: bool
+    #: seconds between polls of :meth:`change_marker` while anyone waits
+    poll_interval: float
 
     # --- queues -------------------------------------------------------------
     def put_queue(self, spec: QueueSpec, now: float) -> QueueSpec:

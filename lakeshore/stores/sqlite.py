@@ -134,6 +134,7 @@ class SqliteStore:
     ) -> None:
         self.path = str(path)
         self.shared = self.path != ":memory:"
+        self.poll_interval = 0.002
         if self.shared:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
