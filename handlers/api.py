@@ -212,10 +212,23 @@ def _service_from_env() -> Service:
     return Service(Plane(SqliteStore(target)), server="lakeshore lambda")
 
 
+_metrics: Any = None
+
+
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """The Lambda entry point."""
-    global _lambda_app
+    """The Lambda entry point: resolve the event, emit request metrics (CloudWatch EMF)."""
+    global _lambda_app, _metrics
     if _lambda_app is None:
+        from aws_lambda_powertools import Metrics
+
+        _metrics = Metrics(namespace="Lakeshore", service="api")
         _lambda_app = make_app(_service_from_env())
     result: dict[str, Any] = _lambda_app.resolve(event, context)
+    status = int(result.get("statusCode", 500))
+    _metrics.add_metric(name="Requests", unit="Count", value=1)
+    if status >= 400:
+        _metrics.add_metric(
+            name="ClientErrors" if status < 500 else "ServerErrors", unit="Count", value=1
+        )
+    _metrics.flush_metrics()
     return result
