@@ -2,12 +2,17 @@
 
 Nothing is read from the environment at import; :func:`settings` reads it on first use.
 
-===================  ===========================================================
-``LAKESHORE_URL``    a remote plane's URL (``Dispatch()`` connects to it)
-``LAKESHORE_TOKEN``  the bearer token for that plane
-``LAKESHORE_HOME``   where the default local plane file lives
-                     (default ``$XDG_DATA_HOME/lakeshore``, i.e. ``~/.local/share/lakeshore``)
-===================  ===========================================================
+=======================  =======================================================
+``LAKESHORE_URL``        a remote plane's URL (``Dispatch()`` connects to it)
+``LAKESHORE_TOKEN``      the bearer token for that plane
+``LAKESHORE_AUTH_FILE``  saved planes and tokens (default ``$XDG_CONFIG_HOME/lakeshore/
+                         auth.yml``, i.e. ``~/.config/lakeshore/auth.yml``); used by
+                         ``Dispatch()`` when ``LAKESHORE_URL`` is not set
+``LAKESHORE_PROFILE``    the profile of that file to use (else its ``default``)
+``LAKESHORE_HOME``       where the default local plane file lives
+                         (default ``$XDG_DATA_HOME/lakeshore``, i.e.
+                         ``~/.local/share/lakeshore``)
+=======================  =======================================================
 """
 
 from __future__ import annotations
@@ -34,6 +39,10 @@ class Settings:
     token: str | None = None
     #: folder of the default local plane file
     home: Path = Path("~/.local/share/lakeshore")
+    #: saved planes and tokens (see :mod:`~dreamlake.lakeshore.authfile`)
+    auth_file: Path = Path("~/.config/lakeshore/auth.yml")
+    #: the profile of ``auth_file`` to use; None means the file's ``default``
+    profile: str | None = None
 
     @property
     def default_plane_path(self) -> Path:
@@ -50,10 +59,18 @@ def _from_env() -> Settings:
     home = os.environ.get("LAKESHORE_HOME") or (
         str(Path(xdg) / "lakeshore") if xdg else "~/.local/share/lakeshore"
     )
+    xdg_config = os.environ.get("XDG_CONFIG_HOME")
+    auth_file = os.environ.get("LAKESHORE_AUTH_FILE") or (
+        str(Path(xdg_config) / "lakeshore" / "auth.yml")
+        if xdg_config
+        else "~/.config/lakeshore/auth.yml"
+    )
     return Settings(
         url=os.environ.get("LAKESHORE_URL") or None,
         token=os.environ.get("LAKESHORE_TOKEN") or None,
         home=Path(home),
+        auth_file=Path(auth_file),
+        profile=os.environ.get("LAKESHORE_PROFILE") or None,
     )
 
 
@@ -69,20 +86,22 @@ def configure(*, dispatch: Dispatch | None = None, **changes: Any) -> Settings:
     """Change settings for this process (``strict=True``, ``url=...``, ...).
 
     ``dispatch=`` sets the Dispatch used where none is given. Changing ``url``,
-    ``token`` or ``home`` drops a default Dispatch built from the old values.
+    ``token``, ``home``, ``auth_file`` or ``profile`` drops a default Dispatch built
+    from the old values.
     """
     global _settings, _default
     current = settings()
     unknown = set(changes) - set(Settings.__dataclass_fields__)
     if unknown:
         raise TypeError(f"configure() got unknown settings: {', '.join(sorted(unknown))}")
-    if "home" in changes:
-        changes["home"] = Path(changes["home"])
+    for key in ("home", "auth_file"):
+        if key in changes:
+            changes[key] = Path(changes[key])
     with _lock:
         _settings = replace(current, **changes)
         if dispatch is not None:
             _default = dispatch
-        elif {"url", "token", "home"} & set(changes):
+        elif {"url", "token", "home", "auth_file", "profile"} & set(changes):
             _default = None
         return _settings
 

@@ -185,13 +185,18 @@ class _LocalContext:
 # --- the ASGI adapter --------------------------------------------------------------------
 
 
+Answer = tuple[int, list[tuple[str, str]], bytes]
+
+
 class PlaneASGI:
     """An ASGI app answering every request with ``resolver`` (HTTP only; no lifespan).
 
     ``max_body`` bounds one request body: a larger ``Content-Length`` is refused with 413
     before any of the body is read (a client sending ``Expect: 100-continue`` never sends
     it), a chunked body as soon as it passes the limit. ``threads`` requests run at once;
-    one more is ``503 unavailable`` with ``Retry-After``.
+    one more is ``503 unavailable`` with ``Retry-After``, and so is every request once
+    :meth:`stop` is called — including those still waiting in a long poll, so a stopping
+    server answers everyone at once (a cut claim or wait is safe to retry).
     """
 
     def __init__(
@@ -210,13 +215,33 @@ class PlaneASGI:
         self._idle = threading.Condition()
         #: requests handed to the pool and not yet answered (never more than ``threads``)
         self.in_flight = 0
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: answers being awaited (event loop only) → the request's headers
+        self._waiting: dict[asyncio.Future[Answer], Mapping[str, str]] = {}
+
+    # --- lifecycle (any thread) ------------------------------------------------------------
+    def stop(self) -> None:
+        """Refuse new requests and answer those in flight with 503 now (thread-safe)."""
+        self._stopping = True
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nothing waits
+                loop.call_soon_threadsafe(self._cut_waits)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Take no more requests; wait up to ``timeout`` for running ones. True when idle."""
+        """Stop; wait up to ``timeout`` for request threads to end. True when all did."""
+        self.stop()
         self._pool.shutdown(wait=False)
         with self._idle:
             return self._idle.wait_for(lambda: self.in_flight == 0, timeout)
 
+    def _cut_waits(self) -> None:
+        for waiter, headers in list(self._waiting.items()):
+            if not waiter.done():
+                waiter.set_result(_stopping_response(headers))
+
+    # --- one request -------------------------------------------------------------------------
     def _take_thread(self) -> bool:
         with self._idle:
             if self.in_flight >= self.threads:
@@ -229,16 +254,21 @@ class PlaneASGI:
             self.in_flight -= 1
             self._idle.notify_all()
 
-    def _answer(self, event: dict[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
+    def _run(
+        self, event: dict[str, Any], waiter: asyncio.Future[Answer], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """In a pool thread: resolve the request and hand the answer to the event loop."""
         try:
             ctx = _LocalContext(event["requestContext"]["requestId"])
-            return apigw.http_response(self.resolver.resolve(event, ctx))
+            answer = apigw.http_response(self.resolver.resolve(event, ctx))
         except Exception:
             # The resolver turns every error it knows into an answer; this is a bug.
             log.exception("unhandled error answering %s", event.get("rawPath"))
-            return _error_response(500, "error", "internal error", event.get("headers") or {})
+            answer = _error_response(500, "error", "internal error", event.get("headers") or {})
         finally:
             self._give_thread()
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for it
+            loop.call_soon_threadsafe(_settle, waiter, answer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -251,6 +281,7 @@ class PlaneASGI:
             name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
             headers[name] = f"{headers[name]},{value}" if name in headers else value
         body = await self._read_body(headers, receive)
+        answer: Answer
         if body is None:
             answer = _error_response(
                 413,
@@ -258,6 +289,8 @@ class PlaneASGI:
                 f"request body over the {self.max_body} byte limit",
                 headers,
             )
+        elif self._stopping:
+            answer = _stopping_response(headers)
         elif not self._take_thread():
             answer = _error_response(
                 503, "unavailable", f"all {self.threads} request threads are busy", headers
@@ -273,13 +306,19 @@ class PlaneASGI:
                 body=body,
                 source_ip=client[0] if client else "127.0.0.1",
             )
+            loop = self._loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[Answer] = loop.create_future()
             try:
-                future = asyncio.get_running_loop().run_in_executor(self._pool, self._answer, event)
-            except RuntimeError:  # the pool was shut down: the server is stopping
+                self._pool.submit(self._run, event, waiter, loop)
+            except RuntimeError:  # the pool is shut down: the server is stopping
                 self._give_thread()
-                answer = _error_response(503, "unavailable", "the server is stopping", headers)
+                answer = _stopping_response(headers)
             else:
-                answer = await future
+                self._waiting[waiter] = headers
+                try:
+                    answer = await waiter
+                finally:
+                    del self._waiting[waiter]
         await _send(send, *answer, head=scope["method"] == "HEAD")
 
     async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:
@@ -303,9 +342,18 @@ class PlaneASGI:
         return b"".join(chunks)
 
 
-def _error_response(
-    status: int, code: str, message: str, headers: Mapping[str, str]
-) -> tuple[int, list[tuple[str, str]], bytes]:
+def _settle(waiter: asyncio.Future[Answer], answer: Answer) -> None:
+    if not waiter.done():  # a stop may have answered it already
+        waiter.set_result(answer)
+
+
+def _stopping_response(headers: Mapping[str, str]) -> Answer:
+    answer = _error_response(503, "unavailable", "the server is stopping; retry", headers)
+    answer[1].append(("retry-after", "1"))
+    return answer
+
+
+def _error_response(status: int, code: str, message: str, headers: Mapping[str, str]) -> Answer:
     """An error in the API's shape and the client's content type (the codec decides)."""
     from .api import codec
 
@@ -456,7 +504,10 @@ class LocalServer:
             raise
 
     def request_stop(self, *, force: bool = False) -> None:
-        """Ask the server to stop (safe from a signal handler); ``force`` skips the grace."""
+        """Ask the server to stop (safe from a signal handler): requests still in flight,
+        long polls included, are answered 503 at once. ``force`` drops them unanswered."""
+        if self.asgi is not None:
+            self.asgi.stop()
         if self.uvicorn is not None:
             self.uvicorn.should_exit = True
             if force:
@@ -471,21 +522,24 @@ class LocalServer:
         while self._thread is not None and self._thread.is_alive():
             self._thread.join(0.2)
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Stop serving and close the plane. True when every request thread has ended;
+        False when some still sit in a plane call (their answers go nowhere)."""
         self.request_stop()
         self.wait()
-        self._close_plane()
+        return self._close_plane()
 
-    def _close_plane(self) -> None:
+    def _close_plane(self) -> bool:
         asgi, plane = self.asgi, self.plane
         self.asgi = self.plane = None
-        # Let running requests end by themselves for a moment; then close the plane,
-        # which ends the long polls still waiting (their answers go nowhere).
+        # Threads still in a plane call get a moment to end by themselves; closing the
+        # plane then ends the claims still waiting (with an error nobody receives).
         idle = asgi.close(timeout=GRACEFUL_SECONDS) if asgi is not None else True
         if plane is not None:
             plane.close()
         if asgi is not None and not idle:
-            asgi.close(timeout=5.0)
+            idle = asgi.close(timeout=GRACEFUL_SECONDS)
+        return idle
 
     def __enter__(self) -> LocalServer:
         self.start()

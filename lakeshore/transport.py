@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from .plane.model import Claim, HeartbeatAnswer, Invocation, QueueSpec, State, Submission
+from .plane.model import (
+    Claim,
+    HeartbeatAnswer,
+    Invocation,
+    LogEntry,
+    QueueSpec,
+    State,
+    Submission,
+)
 
 __all__ = ["Transport"]
 
@@ -69,6 +77,18 @@ class Transport(Protocol):
     ) -> HeartbeatAnswer: ...
 
     def complete(self, inv_id: str, lease_token: str, result: bytes) -> None: ...
+
+    def release(self, inv_id: str, lease_token: str) -> None: ...
+
+    def report_progress(
+        self, inv_id: str, lease_token: str, fraction: float, message: str | None = None
+    ) -> None: ...
+
+    def append_logs(
+        self, inv_id: str, lease_token: str, chunks: Sequence[tuple[int, str, str]]
+    ) -> None: ...
+
+    def read_logs(self, inv_id: str, after: int = 0, limit: int = 1000) -> list[LogEntry]: ...
 
     def fail(
         self, inv_id: str, lease_token: str, error: dict[str, Any], *, retryable: bool = True

@@ -59,6 +59,7 @@ from .model import (
     Claim,
     HeartbeatAnswer,
     Invocation,
+    LogEntry,
     QueueSpec,
     RetryPolicy,
     State,
@@ -68,6 +69,10 @@ from .ordering import order_key
 from .store import Store
 
 __all__ = ["Plane", "request_digest"]
+
+#: log chunk numbers per attempt (an entry's seq is attempt * span + n)
+_LOG_SEQ_SPAN = 1_000_000_000
+_MAX_PROGRESS_MESSAGE = 1000
 
 #: how many expired leases one sweep pass handles
 _SWEEP_BATCH = 500
@@ -495,6 +500,63 @@ class Plane:
         if updated is None:
             return HeartbeatAnswer(inv_id, ok=False, cancel=True, lease_expires_at=None)
         return HeartbeatAnswer(inv_id, ok=True, cancel=timed_out, lease_expires_at=expires)
+
+    def release(self, inv_id: str, lease_token: str) -> None:
+        """Hand a claimed invocation back untried: pending again, the attempt not counted
+        (a worker stopping cold). Raises :class:`LeaseLost` unless the token is current."""
+        rec = self.store.get(inv_id)
+        if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
+            raise self._refusal(inv_id, lease_token)
+        changes = {
+            "state": State.PENDING,
+            "attempt": max(0, rec.attempt - 1),
+            "lease_token": None,
+            "lease_expires_at": None,
+            "worker": None,
+        }
+        expect = {"state": State.RUNNING, "lease_token": lease_token}
+        if self.store.update_if(inv_id, expect, changes) is None:
+            raise self._refusal(inv_id, lease_token)
+        self._changes.notify()
+
+    def report_progress(
+        self, inv_id: str, lease_token: str, fraction: float, message: str | None = None
+    ) -> None:
+        """Record how far a running job is (``fraction`` in [0, 1])."""
+        if not (isinstance(fraction, int | float) and math.isfinite(fraction)) or not (
+            0.0 <= fraction <= 1.0
+        ):
+            raise InvalidRequest("progress must be a fraction from 0 to 1")
+        if message is not None and len(message) > _MAX_PROGRESS_MESSAGE:
+            message = message[:_MAX_PROGRESS_MESSAGE]
+        expect = {"state": State.RUNNING, "lease_token": lease_token}
+        changes = {"progress": float(fraction), "progress_message": message}
+        if self.store.update_if(inv_id, expect, changes) is None:
+            raise self._refusal(inv_id, lease_token)
+
+    def append_logs(
+        self, inv_id: str, lease_token: str, chunks: Sequence[tuple[int, str, str]]
+    ) -> None:
+        """Store a running job's output: ``(n, stream, text)`` chunks numbered by the
+        worker from 1 within its attempt (a resent chunk is stored once)."""
+        rec = self.store.get(inv_id)
+        if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
+            raise self._refusal(inv_id, lease_token)
+        now = self.clock.now()
+        entries = []
+        for n, stream, text in chunks:
+            if stream not in ("stdout", "stderr") or not 0 < n < _LOG_SEQ_SPAN:
+                raise InvalidRequest("a log chunk is (n >= 1, 'stdout' | 'stderr', text)")
+            entries.append(
+                LogEntry(rec.attempt * _LOG_SEQ_SPAN + n, stream, text, now, rec.attempt)
+            )
+        self.store.append_logs(inv_id, entries)
+
+    def read_logs(self, inv_id: str, after: int = 0, limit: int = 1000) -> list[LogEntry]:
+        """A job's output after cursor ``after`` (an entry's ``seq``), every attempt in
+        order. Raises :class:`UnknownInvocation`."""
+        self.get(inv_id)
+        return self.store.read_logs(inv_id, after, limit)
 
     def complete(self, inv_id: str, lease_token: str, result: bytes) -> None:
         """Record the result. Raises :class:`LeaseLost` unless the token is current

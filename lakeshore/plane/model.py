@@ -10,6 +10,7 @@ __all__ = [
     "FINISHED",
     "Claim",
     "DaemonRecord",
+    "LogEntry",
     "HeartbeatAnswer",
     "Invocation",
     "QueueSpec",
@@ -116,6 +117,9 @@ class Invocation:
     expires_at: float | None = None
     result: bytes | None = None
     error: dict[str, Any] | None = None
+    #: last progress the job reported: a fraction in [0, 1] and a message
+    progress: float | None = None
+    progress_message: str | None = None
 
     def public_state(self, now: float) -> State:
         """``scheduled`` is a pending invocation whose time has not come yet."""
@@ -178,3 +182,14 @@ class DaemonRecord:
     last_heartbeat: float
     running: int = 0
     draining: bool = False
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One chunk of a job's output, numbered per invocation from 1."""
+
+    seq: int
+    stream: str
+    text: str
+    at: float
+    attempt: int

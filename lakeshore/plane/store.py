@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from .model import DaemonRecord, Invocation, QueueSpec, TokenRecord
+from .model import DaemonRecord, Invocation, LogEntry, QueueSpec, TokenRecord
 
 __all__ = ["Store"]
 
@@ -109,6 +109,15 @@ class Store(Protocol):
     ) -> list[Invocation]:
         """Invocations of a queue by id, after id ``after``; ``state`` filters by public
         state (``scheduled`` is pending and not yet due)."""
+        ...
+
+    # --- job output ------------------------------------------------------------------
+    def append_logs(self, inv_id: str, entries: Sequence[LogEntry]) -> None:
+        """Store output chunks; an entry whose (invocation, seq) exists is skipped."""
+        ...
+
+    def read_logs(self, inv_id: str, after: int, limit: int) -> list[LogEntry]:
+        """Output chunks with ``seq > after``, in order."""
         ...
 
     # --- tokens and daemons (small tables of records) -----------------------------

@@ -19,7 +19,15 @@ from typing import Any, Literal
 
 import msgpack
 
-from ..plane.model import DaemonRecord, Invocation, QueueSpec, RetryPolicy, State, TokenRecord
+from ..plane.model import (
+    DaemonRecord,
+    Invocation,
+    LogEntry,
+    QueueSpec,
+    RetryPolicy,
+    State,
+    TokenRecord,
+)
 
 __all__ = ["SqliteStore"]
 
@@ -52,7 +60,9 @@ CREATE TABLE IF NOT EXISTS invocations (
     finished_at REAL,
     expires_at REAL,
     result BLOB,
-    error BLOB
+    error BLOB,
+    progress REAL,
+    progress_message TEXT
 );
 CREATE INDEX IF NOT EXISTS inv_pending ON invocations (queue, order_key)
     WHERE state = 'pending';
@@ -62,6 +72,15 @@ CREATE INDEX IF NOT EXISTS inv_running ON invocations (queue) WHERE state = 'run
 CREATE INDEX IF NOT EXISTS inv_queue_state ON invocations (queue, state);
 CREATE INDEX IF NOT EXISTS inv_expires ON invocations (expires_at)
     WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS logs (
+    invocation TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    stream TEXT NOT NULL,
+    text TEXT NOT NULL,
+    at REAL NOT NULL,
+    attempt INTEGER NOT NULL,
+    PRIMARY KEY (invocation, seq)
+);
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY,
     doc BLOB NOT NULL
@@ -197,6 +216,11 @@ class SqliteStore:
         with self._tx() as db:
             gone = 0
             if invocations:
+                db.execute(
+                    "DELETE FROM logs WHERE invocation IN"
+                    " (SELECT id FROM invocations WHERE queue = ?)",
+                    (name,),
+                )
                 gone = db.execute("DELETE FROM invocations WHERE queue = ?", (name,)).rowcount
             db.execute("DELETE FROM queues WHERE name = ?", (name,))
         return gone
@@ -327,6 +351,11 @@ class SqliteStore:
 
     def purge(self, now: float, tombstone_until: float) -> int:
         with self._tx() as db:
+            db.execute(
+                "DELETE FROM logs WHERE invocation IN"
+                " (SELECT id FROM invocations WHERE expires_at <= ?)",
+                (now,),
+            )
             gone = db.execute(
                 "DELETE FROM invocations WHERE expires_at < ?", (tombstone_until,)
             ).rowcount
@@ -358,6 +387,24 @@ class SqliteStore:
         with self._lock:
             rows = self._db.execute(sql, [*params, limit]).fetchall()
         return [_from_row(r) for r in rows]
+
+    # --- job output ---------------------------------------------------------------------
+    def append_logs(self, inv_id: str, entries: Sequence[LogEntry]) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT OR IGNORE INTO logs (invocation, seq, stream, text, at, attempt)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(inv_id, e.seq, e.stream, e.text, e.at, e.attempt) for e in entries],
+            )
+
+    def read_logs(self, inv_id: str, after: int, limit: int) -> list[LogEntry]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, stream, text, at, attempt FROM logs"
+                " WHERE invocation = ? AND seq > ? ORDER BY seq LIMIT ?",
+                (inv_id, after, limit),
+            ).fetchall()
+        return [LogEntry(*r) for r in rows]
 
     # --- tokens and daemons ----------------------------------------------------------
     def _put_doc(self, table: str, key: str, doc: dict[str, Any]) -> None:
