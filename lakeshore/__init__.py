@@ -39,6 +39,7 @@ from .errors import (
 )
 from .plane.model import RetryPolicy as Retry
 from .plane.model import State
+from .progress import progress
 from .queue import (
     BoltzmannQueue,
     FILOQueue,
@@ -89,6 +90,7 @@ __all__ = [
     "UnknownInvocation",
     "__version__",
     "configure",
+    "progress",
     "run_worker",
     "udf",
 ]

@@ -188,6 +188,7 @@ def test_exported_members() -> None:
         "UnknownInvocation",
         "__version__",
         "configure",
+        "progress",
         "context",
         "run_worker",
         "udf",

@@ -1,9 +1,10 @@
 """Run one claimed invocation: load its payload, call it, encode what happened.
 
-Nothing here talks to the plane except to fetch a function body by digest; the caller
-reports the :class:`Outcome`. Loading failures (a module missing on this worker, a
-Python or pickle protocol this worker cannot read) are not retried: they would fail
-the same way again.
+Nothing here talks to the plane: blobs (function bodies, large arguments) come from a
+:class:`BlobSource`, output and progress go to the hooks the caller passes, and the
+caller reports the :class:`Outcome`. Loading failures (a module missing on this
+worker, a Python or pickle protocol this worker cannot read) are not retried: they
+would fail the same way again.
 """
 
 from __future__ import annotations
@@ -14,17 +15,30 @@ import inspect
 import os
 import pickle
 import subprocess
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from ..errors import InvalidRequest, SerializationError
 from ..plane.model import Claim
-from ..transport import Transport
+from ..progress import Reporter, reporting
 from ..wire import PY_VERSION, decode_payload, encode_error, encode_result
 
-__all__ = ["Executor", "Outcome"]
+__all__ = ["BlobSource", "Executor", "Outcome", "OutputHook"]
+
+#: ``hook(stream, text)`` receives a job's output as it is written
+OutputHook = Callable[[str, str], None]
+
+
+class BlobSource(Protocol):
+    """Where an executor reads blobs (a Transport is one)."""
+
+    def get_blob(self, digest: str) -> bytes: ...
+
+    def inline_limit(self) -> int: ...
+
 
 #: how many loaded functions a worker keeps, by digest
 _FN_CACHE = 256
@@ -48,14 +62,24 @@ class _LoadError(Exception):
 class Executor:
     """Runs claims in the calling thread. Caches function bodies by digest."""
 
-    def __init__(self, transport: Transport) -> None:
-        self._transport = transport
+    def __init__(self, source: BlobSource) -> None:
+        self._source = source
         self._fns: OrderedDict[str, Callable[..., Any]] = OrderedDict()
 
-    def run(self, claim: Claim) -> Outcome:
+    def run(
+        self,
+        claim: Claim,
+        *,
+        on_output: OutputHook | None = None,
+        on_spawn: Callable[[int], None] | None = None,
+        progress: Reporter | None = None,
+    ) -> Outcome:
+        """Run the claim. ``on_output`` gets an exec job's output (a Python job's goes
+        wherever its ``sys.stdout`` points); ``on_spawn(pid)`` the process group of an
+        exec job; ``progress`` the job's :func:`dreamlake.lakeshore.progress` calls."""
         try:
             env = decode_payload(claim.payload)
-            call, prefer_msgpack = self._load(env)
+            call, prefer_msgpack = self._load(env, on_output, on_spawn)
         except (_LoadError, InvalidRequest) as exc:
             cause = exc.__cause__ if isinstance(exc, _LoadError) and exc.__cause__ else exc
             error = encode_error(cause)
@@ -63,27 +87,33 @@ class Executor:
                 error["message"] = str(exc)
             return Outcome(ok=False, error=error, retryable=False)
         try:
-            value = call()
-            if inspect.isawaitable(value):
-                value = asyncio.run(_await(value))
+            with reporting(progress):
+                value = call()
+                if inspect.isawaitable(value):
+                    value = asyncio.run(_await(value))
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() must not end us
             return Outcome(ok=False, error=encode_error(exc))
         try:
-            limit = self._transport.inline_limit()
+            limit = self._source.inline_limit()
             data, blobs = encode_result(value, prefer_msgpack=prefer_msgpack, inline_limit=limit)
             return Outcome(ok=True, result=data, blobs=blobs)
         except SerializationError as exc:
             return Outcome(ok=False, error=encode_error(exc), retryable=False)
 
     # --- loading ---------------------------------------------------------------
-    def _load(self, env: dict[str, Any]) -> tuple[Callable[[], Any], bool]:
+    def _load(
+        self,
+        env: dict[str, Any],
+        on_output: OutputHook | None,
+        on_spawn: Callable[[int], None] | None,
+    ) -> tuple[Callable[[], Any], bool]:
         kind = env["kind"]
         if kind == "pickle":
             fn = self._function(env)
             try:
                 raw = env.get("args")
                 if raw is None:
-                    raw = self._transport.get_blob(env["args_ref"])
+                    raw = self._source.get_blob(env["args_ref"])
                 args, kwargs = pickle.loads(raw)
             except Exception as exc:
                 raise _LoadError(self._load_message("its arguments", env, exc)) from exc
@@ -92,7 +122,7 @@ class Executor:
             target = _resolve(env["target"])
             args, kwargs = env["args"], env["kwargs"]
             return (lambda: target(*args, **kwargs)), True
-        return (lambda: _run_exec(env)), True
+        return (lambda: _run_exec(env, on_output, on_spawn)), True
 
     def _function(self, env: dict[str, Any]) -> Callable[..., Any]:
         digest = env["fn"]
@@ -101,7 +131,7 @@ class Executor:
             self._fns.move_to_end(digest)
             return fn
         try:
-            body = self._transport.get_blob(digest)
+            body = self._source.get_blob(digest)
         except Exception as exc:
             raise _LoadError(f"function body {digest[:12]}… is not on the plane: {exc}") from exc
         try:
@@ -149,18 +179,44 @@ def _resolve(target: str) -> Callable[..., Any]:
     return fn
 
 
-def _run_exec(env: dict[str, Any]) -> dict[str, Any]:
-    """Run a shell command (str) or argv (list); raise CalledProcessError on non-zero."""
+def _run_exec(
+    env: dict[str, Any], on_output: OutputHook | None, on_spawn: Callable[[int], None] | None
+) -> dict[str, Any]:
+    """Run a shell command (str) or argv (list) in its own process group, streaming its
+    output line by line; raise CalledProcessError on a non-zero exit."""
     cmd = env["cmd"]
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         cmd,
         shell=isinstance(cmd, str),
         env={**os.environ, **{str(k): str(v) for k, v in env["env"].items()}},
         cwd=env.get("cwd") or None,
-        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
+        bufsize=1,
+        start_new_session=True,  # its own process group: a cancel kills all of it
     )
-    if proc.returncode != 0:
-        raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
-    return {"exit_code": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+    if on_spawn is not None:
+        on_spawn(proc.pid)
+    captured: dict[str, list[str]] = {"stdout": [], "stderr": []}
+
+    def pump(stream: str, pipe: Any) -> None:
+        for line in pipe:
+            captured[stream].append(line)
+            if on_output is not None:
+                on_output(stream, line)
+
+    readers = [
+        threading.Thread(target=pump, args=("stdout", proc.stdout), daemon=True),
+        threading.Thread(target=pump, args=("stderr", proc.stderr), daemon=True),
+    ]
+    for t in readers:
+        t.start()
+    code = proc.wait()
+    for t in readers:
+        t.join()
+    out, err = "".join(captured["stdout"]), "".join(captured["stderr"])
+    if code != 0:
+        raise subprocess.CalledProcessError(code, cmd, out, err)
+    return {"exit_code": code, "stdout": out, "stderr": err}

@@ -6,14 +6,16 @@ invocation at a time, so a job that blocks blocks this worker only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
 
 from ..dispatch import Dispatch
-from ..errors import LeaseLost, UnknownInvocation
+from ..errors import LakeshoreError, LeaseLost, UnknownInvocation
 from ..plane.model import Claim
+from ..progress import Reporter
 from ..queue import _QueueHandle
 from ..transport import Transport
 from .execute import Executor
@@ -66,6 +68,14 @@ class _Heartbeat:
         self._thread.join(timeout=5)
 
 
+def _progress_to(transport: Transport, claim: Claim) -> Reporter:
+    def report(fraction: float, message: str | None) -> None:
+        with contextlib.suppress(LakeshoreError):  # progress is best effort
+            transport.report_progress(claim.id, claim.lease_token, fraction, message)
+
+    return report
+
+
 def run_worker(
     queue: _QueueHandle | Sequence[_QueueHandle],
     *,
@@ -105,7 +115,7 @@ def run_worker(
             )
             for claim in claims:
                 beat.hold(claim)
-                outcome = executor.run(claim)
+                outcome = executor.run(claim, progress=_progress_to(transport, claim))
                 beat.hold(None)
                 try:
                     if outcome.ok:
