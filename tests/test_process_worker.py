@@ -1,0 +1,181 @@
+"""The process worker: child processes per slot, killed on timeout and cancel,
+crash-proof, with output and progress reported to the plane."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.wire import encode_exec
+from dreamlake.lakeshore.worker.pool import ProcessWorker
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def chatty(n: int) -> int:
+    for i in range(n):
+        print(f"line {i}")
+        dls.progress((i + 1) / n, f"step {i + 1}")
+    return n
+
+
+def sleepy(seconds: float) -> str:
+    time.sleep(seconds)
+    return "woke"
+
+
+def segfault() -> None:
+    ctypes.string_at(0)
+
+
+def hard_exit() -> None:
+    os._exit(3)
+
+
+@contextmanager
+def worker(
+    dp: dls.Dispatch, queue: str, **options: Any
+) -> Iterator[tuple[ProcessWorker, list[Any]]]:
+    """A process worker on ``queue`` in a background thread, stopped cold after."""
+    claimed: list[Any] = []
+    w = ProcessWorker(dp, [queue], on_claimed=claimed.append, **options)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    try:
+        yield w, claimed
+    finally:
+        w.request_stop()
+        w.request_stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def dp(tmp_path: Path) -> Iterator[dls.Dispatch]:
+    with dls.Dispatch(str(tmp_path / "plane.db")) as d:
+        yield d
+
+
+def test_jobs_run_in_child_processes_and_report_results(dp: dls.Dispatch) -> None:
+    q = dls.SyncQueue("work", dispatch=dp)
+    ids = [q.submit(square, i) for i in range(20)]
+    with worker(dp, "work", concurrency=2):
+        assert [q.result(i, timeout=60) for i in ids] == [i * i for i in range(20)]
+
+
+def test_output_and_progress_reach_the_plane(dp: dls.Dispatch) -> None:
+    q = dls.SyncQueue("talk", dispatch=dp)
+    inv = q.submit(chatty, 3)
+    with worker(dp, "talk"):
+        assert q.result(inv, timeout=60) == 3
+    text = "".join(e.text for e in dp.transport.read_logs(inv))
+    assert text == "line 0\nline 1\nline 2\n"
+    rec = dp.transport.get(inv)
+    assert (rec.progress, rec.progress_message) == (1.0, "step 3")
+
+
+def test_a_job_past_its_timeout_is_killed_and_fails(dp: dls.Dispatch) -> None:
+    q = dls.SyncQueue("slow", dispatch=dp)
+    inv = q.submit(sleepy, 60, _timeout=1)
+    after = q.submit(square, 3)
+    with worker(dp, "slow"):
+        with pytest.raises(dls.InvocationTimeout):
+            q.result(inv, timeout=30)
+        # And the slot was replaced: the next job runs
+        assert q.result(after, timeout=30) == 9
+
+
+def test_cancel_kills_a_running_python_job_within_a_heartbeat(dp: dls.Dispatch) -> None:
+    q = dls.SyncQueue("cancel", dispatch=dp)
+    inv = q.submit(sleepy, 60)
+    after = q.submit(square, 4)
+    with worker(dp, "cancel", lease_seconds=1.5) as (_, claimed):
+        wait_for(lambda: len(claimed) == 1)
+        assert q.cancel(inv) == "cancelled"
+        # the slot is free again well before the job would have ended
+        assert q.result(after, timeout=15) == 16
+    with pytest.raises(dls.CancelledError):
+        q.result(inv, timeout=1)
+
+
+def test_cancel_kills_a_running_exec_job_and_its_process_group(
+    dp: dls.Dispatch, tmp_path: Path
+) -> None:
+    q = dls.SyncQueue("exec", dispatch=dp)
+    marker = tmp_path / "pid"
+    cmd = f"sh -c 'echo $$ > {marker}; exec sleep 60'"
+    inv = submit_exec(dp, "exec", cmd)
+    with worker(dp, "exec", lease_seconds=1.5):
+        wait_for(marker.exists)
+        wait_for(lambda: marker.read_text().strip() != "")
+        pid = int(marker.read_text())
+        q.cancel(inv)
+        wait_for(lambda: not _alive(pid), timeout=15)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); look at its state
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize(("job", "reason"), [(segfault, "SIGSEGV"), (hard_exit, "exit code 3")])
+def test_a_crashing_job_fails_and_the_worker_carries_on(
+    dp: dls.Dispatch, job: Callable[[], None], reason: str
+) -> None:
+    q = dls.SyncQueue("crash", dispatch=dp)
+    bad = q.submit(job)
+    good = q.submit(square, 5)
+    with worker(dp, "crash"):
+        with pytest.raises(dls.RemoteError, match=reason) as info:
+            q.result(bad, timeout=30)
+        assert info.value.type_name == "dreamlake.lakeshore.WorkerCrashed"
+        assert q.result(good, timeout=30) == 25
+
+
+def test_exec_jobs_stream_output_and_fail_with_their_exit_code(dp: dls.Dispatch) -> None:
+    q = dls.SyncQueue("shell", dispatch=dp)
+    ok = submit_exec(dp, "shell", "echo out; echo err >&2")
+    bad = submit_exec(dp, "shell", "echo before; exit 7")
+    with worker(dp, "shell"):
+        assert q.result(ok, timeout=30)["exit_code"] == 0
+        with pytest.raises(subprocess.CalledProcessError) as info:
+            q.result(bad, timeout=30)
+    assert info.value.returncode == 7
+    logs = [(e.stream, e.text) for e in dp.transport.read_logs(ok)]
+    assert sorted(logs) == [("stderr", "err\n"), ("stdout", "out\n")]
+    assert [e.text for e in dp.transport.read_logs(bad)] == ["before\n"]
+
+
+def submit_exec(dp: dls.Dispatch, queue: str, cmd: str) -> str:
+    from dreamlake.lakeshore.plane import QueueSpec, Submission
+    from dreamlake.lakeshore.submit import new_id
+
+    dp.ensure_queue(QueueSpec(queue), strict=False, check=())
+    sub = Submission(id=new_id(), queue=queue, payload=encode_exec(cmd, None, None).payload)
+    return dp.transport.submit([sub])[0]

@@ -1,0 +1,513 @@
+"""The process worker behind ``lakeshore worker start``: one child process per slot.
+
+::
+
+    main loop (one thread)                        child process per slot (reused)
+    ─ claim up to the free slots ──run──────────▶ load payload, call it, capture
+    ─ read child messages ◀──out/progress/done─── stdout/stderr and progress
+    ─ complete / fail, flush output
+    ─ kill a slot past its timeout or cancelled    (exec jobs: their own process group)
+    heartbeat thread: extends every lease, learns of cancels
+
+A job that crashes (segfault, ``os._exit``) or leaks memory takes down its child only:
+the slot is respawned and the invocation failed (or retried by policy). Signals only
+set flags: the first SIGINT/SIGTERM stops claiming and lets in-flight jobs finish
+(exit 0); the second kills them and hands their leases back untried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dispatch import Dispatch
+from ..errors import LakeshoreError
+from ..plane.model import Claim
+from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload
+from .loop import default_worker_id
+
+__all__ = ["ProcessWorker"]
+
+#: seconds between flushes of buffered job output to the plane
+_LOG_FLUSH = 0.25
+#: bytes of output one log chunk carries at most
+_CHUNK = 16 * 1024
+
+
+@dataclass
+class _Slot:
+    index: int
+    proc: Any = None
+    conn: Any = None
+    claim: Claim | None = None
+    #: when the job must be done by (its timeout), in monotonic time
+    deadline: float | None = None
+    #: why the parent killed the child: "cancel" | "timeout" | "cold" | None
+    killed: str | None = None
+    #: process group of a running exec job
+    pgid: int | None = None
+    #: function bodies this child has already received
+    sent: set[str] = field(default_factory=set)
+    jobs: int = 0
+    #: buffered output: (n, stream, text) not yet sent to the plane
+    out: list[tuple[int, str, str]] = field(default_factory=list)
+    out_n: int = 0
+    cancel_requested: bool = False
+
+
+class ProcessWorker:
+    """Serve ``queues`` of ``dispatch`` with ``concurrency`` child processes."""
+
+    def __init__(
+        self,
+        dispatch: Dispatch,
+        queues: Sequence[str],
+        *,
+        concurrency: int = 1,
+        imports: Sequence[str] = (),
+        lease_seconds: float = 60.0,
+        worker_id: str | None = None,
+        max_idle_wait: float = 2.0,
+        max_jobs_per_child: int | None = None,
+        max_child_rss_mb: float | None = None,
+        on_claimed: Callable[[Claim], None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not queues:
+            raise ValueError("a worker needs at least one queue")
+        self.dispatch = dispatch
+        self.transport = dispatch.transport
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.imports = list(imports)
+        self.lease_seconds = lease_seconds
+        self.worker_id = worker_id or default_worker_id()
+        self.max_idle_wait = max_idle_wait
+        self.max_jobs_per_child = max_jobs_per_child
+        self.max_child_rss_mb = max_child_rss_mb
+        self._on_claimed = on_claimed
+        self._ctx = multiprocessing.get_context("spawn")
+        self._slots = [_Slot(i) for i in range(concurrency)]
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._cold = threading.Event()
+        self._beat_stop = threading.Event()
+        self._blob_cache: dict[str, bytes] = {}
+        self.completed = 0
+
+    # ------------------------------------------------------------------ control
+    def request_stop(self) -> None:
+        """First call: finish in-flight jobs and stop. Second: stop cold."""
+        if self._stopping.is_set():
+            self._cold.set()
+        self._stopping.set()
+
+    def _install_signals(self) -> Callable[[], None]:
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum: int, frame: Any) -> None:
+            self.request_stop()
+
+        for s in previous:
+            signal.signal(s, on_signal)
+
+        def restore() -> None:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+        return restore
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        """Serve until stopped; return how many jobs were reported."""
+        restore = self._install_signals()
+        for slot in self._slots:
+            self._spawn(slot)
+        beat = threading.Thread(target=self._heartbeats, name="lakeshore-heartbeat", daemon=True)
+        beat.start()
+        backoff = 0.0
+        next_claim = 0.0
+        try:
+            while True:
+                if self._cold.is_set():
+                    self._stop_cold()
+                    break
+                busy = [s for s in self._slots if s.claim is not None]
+                if self._stopping.is_set() and not busy:
+                    break
+                free = [s for s in self._slots if s.claim is None]
+                if free and not self._stopping.is_set() and time.monotonic() >= next_claim:
+                    wait = 0.0 if busy else min(backoff, self.max_idle_wait)
+                    claims = self.transport.claim(
+                        self.queues,
+                        self.worker_id,
+                        limit=len(free),
+                        wait=wait,
+                        lease_seconds=self.lease_seconds,
+                        should_stop=self._stopping.is_set,
+                    )
+                    for slot, claim in zip(free, claims, strict=False):
+                        self._start(slot, claim)
+                    if claims:
+                        backoff, next_claim = 0.0, 0.0
+                    else:
+                        backoff = min(max(0.05, backoff * 2), self.max_idle_wait)
+                        # while jobs run, poll for more at the backoff pace
+                        next_claim = time.monotonic() + (backoff if busy else 0.0)
+                busy = [s for s in self._slots if s.claim is not None]
+                self._pump(0.05 if busy else 0.0)
+                self._enforce()
+                self._flush_output()
+        finally:
+            self._beat_stop.set()
+            beat.join(timeout=5)
+            for slot in self._slots:
+                self._retire(slot)
+            restore()
+        return self.completed
+
+    # ------------------------------------------------------------------ slots
+    def _spawn(self, slot: _Slot) -> None:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=_child_main,
+            args=(child, self.imports, self.transport.inline_limit()),
+            name=f"lakeshore-slot-{slot.index}",
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        slot.proc, slot.conn = proc, parent
+        slot.sent, slot.jobs, slot.killed, slot.pgid = set(), 0, None, None
+
+    def _retire(self, slot: _Slot) -> None:
+        if slot.proc is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            slot.conn.send(("stop",))
+        slot.proc.join(timeout=2)
+        if slot.proc.is_alive():
+            slot.proc.kill()
+            slot.proc.join(timeout=5)
+        slot.conn.close()
+        slot.proc = None
+
+    def _start(self, slot: _Slot, claim: Claim) -> None:
+        blobs: dict[str, bytes] = {}
+        fn = _fn_of(claim)
+        try:
+            env = decode_payload(claim.payload)
+            if fn is not None and fn not in slot.sent:
+                blobs[fn] = self._blob(fn)
+            if env.get("args_ref"):
+                blobs[env["args_ref"]] = self._blob(env["args_ref"])
+        except LakeshoreError:
+            pass  # the child reports what it cannot load
+        with self._lock:
+            slot.claim = claim
+            slot.deadline = time.monotonic() + claim.timeout if claim.timeout else None
+            slot.out, slot.out_n, slot.cancel_requested = [], 0, False
+        slot.conn.send(("run", claim, blobs))
+        if fn is not None:
+            slot.sent.add(fn)
+        if self._on_claimed is not None:
+            self._on_claimed(claim)
+
+    def _blob(self, digest: str) -> bytes:
+        data = self._blob_cache.get(digest)
+        if data is None:
+            data = self.transport.get_blob(digest)
+            if len(self._blob_cache) > 256:
+                self._blob_cache.clear()
+            self._blob_cache[digest] = data
+        return data
+
+    # ------------------------------------------------------------------ messages
+    def _pump(self, timeout: float) -> None:
+        waitables: list[Any] = []
+        for slot in self._slots:
+            if slot.proc is not None:
+                waitables += [slot.conn, slot.proc.sentinel]
+        for ready in multiprocessing.connection.wait(waitables, timeout):
+            slot = next(s for s in self._slots if ready in (s.conn, s.proc.sentinel))
+            if ready is slot.conn:
+                conn: Any = slot.conn
+                try:
+                    while conn.poll():
+                        self._message(slot, conn.recv())
+                except (EOFError, OSError):
+                    self._died(slot)
+            elif not slot.proc.is_alive():
+                self._died(slot)
+
+    def _message(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        claim = slot.claim
+        if claim is None or msg[1] != claim.id:
+            return  # from a job we already gave up on
+        if kind == "out":
+            self._buffer(slot, msg[2], msg[3])
+        elif kind == "pgid":
+            slot.pgid = msg[2]
+        elif kind == "progress":
+            with contextlib.suppress(LakeshoreError):
+                self.transport.report_progress(claim.id, claim.lease_token, msg[2], msg[3])
+        elif kind == "done":
+            _, _, ok, result, blobs, error, retryable, rss_mb = msg
+            self._flush_output(slot)
+            self._finish(slot, ok, result, blobs, error, retryable)
+            slot.jobs += 1
+            recycle = (self.max_jobs_per_child and slot.jobs >= self.max_jobs_per_child) or (
+                self.max_child_rss_mb and rss_mb > self.max_child_rss_mb
+            )
+            if recycle:
+                self._retire(slot)
+                self._spawn(slot)
+
+    def _finish(
+        self,
+        slot: _Slot,
+        ok: bool,
+        result: bytes | None,
+        blobs: dict[str, bytes],
+        error: dict[str, Any] | None,
+        retryable: bool,
+    ) -> None:
+        claim = slot.claim
+        assert claim is not None
+        with self._lock:
+            slot.claim, slot.deadline, slot.pgid = None, None, None
+        try:
+            if ok:
+                assert result is not None
+                self.dispatch.upload(blobs)
+                self.transport.complete(claim.id, claim.lease_token, result)
+            else:
+                assert error is not None
+                self.transport.fail(claim.id, claim.lease_token, error, retryable=retryable)
+        except LakeshoreError:
+            pass  # cancelled, timed out or handed on: the plane has decided
+        self.completed += 1
+
+    def _died(self, slot: _Slot) -> None:
+        """The child is gone: report its job as the reason says, then respawn it."""
+        code = slot.proc.exitcode if slot.proc is not None else None
+        claim, reason = slot.claim, slot.killed
+        self._flush_output(slot)
+        self._retire(slot)
+        if claim is not None and reason is None:
+            if code is not None and code < 0:
+                what = f"signal {-code} ({signal.Signals(-code).name})"
+            else:
+                what = f"exit code {code}"
+            error = {
+                "type": "dreamlake.lakeshore.WorkerCrashed",
+                "message": f"the job's process died with {what}",
+                "traceback": "",
+                "pickled": None,
+            }
+            self._finish(slot, False, None, {}, error, True)
+        elif claim is not None and reason == "timeout":
+            error = {
+                "type": "dreamlake.lakeshore.InvocationTimeout",
+                "message": f"invocation exceeded its timeout of {claim.timeout:g}s and was killed",
+                "traceback": "",
+                "pickled": None,
+            }
+            self._finish(slot, False, None, {}, error, True)
+        with self._lock:
+            slot.claim, slot.deadline, slot.pgid = None, None, None
+        if not self._cold.is_set():
+            self._spawn(slot)
+
+    def _kill(self, slot: _Slot, reason: str) -> None:
+        slot.killed = reason
+        if slot.pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(slot.pgid, signal.SIGKILL)
+        if slot.proc is not None and slot.proc.is_alive():
+            slot.proc.kill()
+
+    def _enforce(self) -> None:
+        now = time.monotonic()
+        for slot in self._slots:
+            if slot.claim is None or slot.killed:
+                continue
+            if slot.cancel_requested:
+                self._kill(slot, "cancel")
+            elif slot.deadline is not None and now >= slot.deadline:
+                self._kill(slot, "timeout")
+
+    def _stop_cold(self) -> None:
+        for slot in self._slots:
+            claim = slot.claim
+            if claim is None:
+                continue
+            self._kill(slot, "cold")
+            with contextlib.suppress(LakeshoreError):
+                self.transport.release(claim.id, claim.lease_token)
+            with self._lock:
+                slot.claim = None
+
+    # ------------------------------------------------------------------ output
+    def _buffer(self, slot: _Slot, stream: str, text: str) -> None:
+        for start in range(0, len(text), _CHUNK):
+            slot.out_n += 1
+            slot.out.append((slot.out_n, stream, text[start : start + _CHUNK]))
+
+    def _flush_output(self, only: _Slot | None = None) -> None:
+        for slot in [only] if only else self._slots:
+            claim = slot.claim
+            if claim is None or not slot.out:
+                continue
+            chunks, slot.out = slot.out, []
+            with contextlib.suppress(LakeshoreError):
+                self.transport.append_logs(claim.id, claim.lease_token, chunks)
+
+    # ------------------------------------------------------------------ heartbeats
+    def _heartbeats(self) -> None:
+        interval = max(0.2, self.lease_seconds / 3)
+        while not self._beat_stop.wait(interval):
+            with self._lock:
+                held = [(s, s.claim) for s in self._slots if s.claim is not None]
+            for slot, claim in held:
+                assert claim is not None
+                try:
+                    answer = self.transport.heartbeat(
+                        claim.id, claim.lease_token, lease_seconds=self.lease_seconds
+                    )
+                except Exception:
+                    continue  # the next beat tries again; the lease has slack
+                if answer.cancel or not answer.ok:
+                    with self._lock:
+                        if slot.claim is claim:
+                            slot.cancel_requested = True
+
+
+# ---------------------------------------------------------------------- child side
+class _Sent:
+    """A child's end of the pipe, safe to send on from several threads."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self.lock:
+            self.conn.send(msg)
+
+
+class _Capture:
+    """``sys.stdout``/``sys.stderr`` of a child: lines go to the parent as they come."""
+
+    def __init__(self, pipe: _Sent, stream: str) -> None:
+        self.pipe, self.stream = pipe, stream
+        self.job: str | None = None
+        self._buf = ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        if "\n" in self._buf or len(self._buf) > _CHUNK:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._buf and self.job is not None:
+            self.pipe.send(("out", self.job, self.stream, self._buf))
+        self._buf = ""
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _Blobs:
+    def __init__(self, limit: int) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.limit = limit
+
+    def get_blob(self, digest: str) -> bytes:
+        return self.blobs[digest]
+
+    def inline_limit(self) -> int:
+        return self.limit
+
+
+def _child_main(conn: Any, imports: list[str], inline_limit: int) -> None:
+    import importlib
+    import resource
+
+    from .execute import Executor
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    for name in imports:
+        importlib.import_module(name)
+    pipe = _Sent(conn)
+    out, err = _Capture(pipe, "stdout"), _Capture(pipe, "stderr")
+    sys.stdout, sys.stderr = out, err
+    source = _Blobs(inline_limit)
+    executor = Executor(source)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        _, claim, blobs = msg
+        source.blobs.update(blobs)
+        job = claim.id
+        out.job = err.job = job
+
+        def on_output(stream: str, text: str, job: str = job) -> None:
+            pipe.send(("out", job, stream, text))
+
+        def on_spawn(pid: int, job: str = job) -> None:
+            pipe.send(("pgid", job, pid))
+
+        def on_progress(fraction: float, message: str | None, job: str = job) -> None:
+            pipe.send(("progress", job, fraction, message))
+
+        outcome = executor.run(claim, on_output=on_output, on_spawn=on_spawn, progress=on_progress)
+        out.flush()
+        err.flush()
+        out.job = err.job = None
+        for digest in [d for d in source.blobs if d != _fn_of(claim)]:
+            source.blobs.pop(digest, None)  # keep bodies only in the executor's cache
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        pipe.send(
+            (
+                "done",
+                job,
+                outcome.ok,
+                outcome.result,
+                outcome.blobs,
+                outcome.error,
+                outcome.retryable,
+                rss_mb,
+            )
+        )
+
+
+def _fn_of(claim: Claim) -> str | None:
+    try:
+        env = decode_payload(claim.payload)
+    except LakeshoreError:
+        return None
+    fn = env.get("fn")
+    return fn if isinstance(fn, str) else None
+
+
+#: what a worker advertises to the plane
+ADVERTISED = {"python": PY_VERSION, "pickle_protocols": list(range(2, PICKLE_PROTOCOL + 1))}
