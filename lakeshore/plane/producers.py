@@ -1,0 +1,172 @@
+"""What producers do: submit (idempotently), read, watch and wait, cancel, re-prioritise."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import IdempotencyConflict, InvalidRequest, UnknownInvocation
+from .base import PlaneBase
+from .model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
+from .ordering import order_key
+
+__all__ = ["ProducerOps", "request_digest"]
+
+
+def request_digest(sub: Submission) -> str:
+    """What makes two submissions "the same request" for idempotency."""
+    h = hashlib.sha256()
+    h.update(sub.queue.encode())
+    h.update(b"\0")
+    h.update(sub.payload)
+    h.update(repr((sub.priority, sub.delay, sub.timeout, sub.max_attempts, sub.retry)).encode())
+    return h.hexdigest()
+
+
+class ProducerOps(PlaneBase):
+    def submit(self, subs: Sequence[Submission]) -> list[str]:
+        """Accept invocations; return their ids once they are durable.
+
+        A submission whose id exists with the same request is a replay (its id is
+        returned again); with another request it raises :class:`IdempotencyConflict`.
+        The queue must exist (see :meth:`ensure_queue`).
+        """
+        now = self.clock.now()
+        specs: dict[str, QueueSpec] = {}
+        ids: list[str] = []
+        for sub in subs:
+            _validate_submission(sub)
+            spec = specs.get(sub.queue) or self.get_queue(sub.queue)
+            specs[sub.queue] = spec
+            retry = sub.retry or (RetryPolicy(**spec.retry) if spec.retry else None)
+            available = now + max(0.0, sub.delay)
+            inv = Invocation(
+                id=sub.id,
+                queue=sub.queue,
+                state=State.PENDING,
+                payload=sub.payload,
+                request_digest=request_digest(sub),
+                order_key=order_key(spec.kind, sub.priority, available),
+                priority=float(sub.priority),
+                available_at=available,
+                created_at=now,
+                max_attempts=sub.max_attempts or self.max_attempts,
+                timeout=sub.timeout,
+                retry=retry,
+            )
+            existing = self.store.insert(inv)
+            if existing is not None and existing.request_digest != inv.request_digest:
+                raise IdempotencyConflict(f"invocation {sub.id!r} exists with a different request")
+            ids.append(sub.id)
+        for name in specs:
+            self._touch(name, now)
+        self._changes.notify()
+        return ids
+
+    def get_many(self, ids: Sequence[str]) -> list[Invocation]:
+        return self.store.get_many(ids)
+
+    def state(self, inv_id: str) -> State:
+        return self.get(inv_id).public_state(self.clock.now())
+
+    def watch(
+        self, ids: Sequence[str], callback: Callable[[Invocation], None]
+    ) -> Callable[[], None]:
+        """Call ``callback(record)`` once for each id when it reaches a finished state.
+
+        Already-finished ids fire at once (from this thread). Unknown ids raise
+        :class:`UnknownInvocation` before anything is registered. Returns a function
+        that removes the watch.
+        """
+        ids = list(dict.fromkeys(ids))
+        unwatch = self._changes.watch(ids, callback)
+        recs = self.store.get_many(ids)
+        if len(recs) != len(ids):
+            unwatch()
+            missing = sorted(set(ids) - {r.id for r in recs})
+            raise UnknownInvocation(f"no invocation {missing[0]!r} on this plane")
+        self._changes.finished(recs)
+        return unwatch
+
+    def wait(self, ids: Sequence[str], timeout: float) -> list[Invocation]:
+        """Block until at least one of ``ids`` is finished or ``timeout`` passes.
+
+        Returns the finished records among ``ids`` (possibly none).
+        """
+        done: list[Invocation] = []
+        event = threading.Event()
+
+        def on_done(rec: Invocation) -> None:
+            done.append(rec)
+            event.set()
+
+        unwatch = self.watch(ids, on_done)
+        try:
+            event.wait(timeout)
+        finally:
+            unwatch()
+        return list(done)
+
+    def cancel(self, inv_id: str) -> State:
+        """Cancel a scheduled, pending or running invocation; return its state after.
+
+        A running one is marked cancelled at once (its result will be refused) and its
+        worker learns it at the next heartbeat. Finished invocations stay as they are.
+        """
+        while True:
+            rec = self.get(inv_id)
+            if rec.state in FINISHED:
+                return rec.state
+            now = self.clock.now()
+            changes: dict[str, Any] = {
+                "state": State.CANCELLED,
+                "finished_at": now,
+                "expires_at": now + self.retention,
+            }
+            if rec.state is State.PENDING:
+                expect: dict[str, Any] = {"state": State.PENDING, "attempt": rec.attempt}
+            else:
+                expect = {"state": State.RUNNING, "lease_token": rec.lease_token}
+            updated = self.store.update_if(inv_id, expect, changes)
+            if updated is not None:
+                self._changes.finished([updated])
+                return updated.state
+
+    def set_priority(self, inv_id: str, priority: float) -> Invocation:
+        """Change a pending invocation's priority (its place in a priority queue)."""
+        if not math.isfinite(priority):
+            raise InvalidRequest("priority must be a finite number")
+        while True:
+            rec = self.get(inv_id)
+            if rec.state is not State.PENDING:
+                raise InvalidRequest(
+                    f"invocation {inv_id!r} is {rec.state.value}; only pending ones move"
+                )
+            spec = self.get_queue(rec.queue)
+            changes = {
+                "priority": float(priority),
+                "order_key": order_key(spec.kind, priority, rec.available_at),
+            }
+            expect = {"state": State.PENDING, "order_key": rec.order_key}
+            updated = self.store.update_if(inv_id, expect, changes)
+            if updated is not None:
+                self._changes.notify()
+                return updated
+
+
+def _validate_submission(sub: Submission) -> None:
+    if not sub.id or len(sub.id) > 128:
+        raise InvalidRequest("invocation id must be 1-128 characters")
+    if sub.timeout is not None and not sub.timeout > 0:
+        raise InvalidRequest("timeout must be > 0 seconds")
+    if sub.max_attempts is not None and sub.max_attempts < 1:
+        raise InvalidRequest("max_attempts must be at least 1")
+    if not math.isfinite(sub.priority):
+        raise InvalidRequest("priority must be a finite number")
+    if not math.isfinite(sub.delay) or sub.delay < 0:
+        raise InvalidRequest("delay must be a finite number of seconds >= 0")
+    if sub.timeout is not None and not math.isfinite(sub.timeout):
+        raise InvalidRequest("timeout must be a finite number of seconds")

@@ -1,0 +1,395 @@
+"""What workers do, and what happens when they do not: claims and leases, heartbeats,
+results and failures (with the retry policy), output and progress, and the sweep that
+hands expired leases on."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ..errors import InvalidRequest, LeaseLost, UnknownInvocation
+from .base import PlaneBase
+from .kinds import BOLTZMANN_CANDIDATES, boltzmann_order, running_cap, temperature
+from .model import Claim, HeartbeatAnswer, Invocation, LogEntry, QueueSpec, State
+
+__all__ = ["WorkerOps"]
+
+#: log chunk numbers per attempt (an entry's seq is attempt * span + n)
+_LOG_SEQ_SPAN = 1_000_000_000
+_MAX_PROGRESS_MESSAGE = 1000
+#: how many expired leases one sweep pass handles
+_SWEEP_BATCH = 500
+
+
+class WorkerOps(PlaneBase):
+    def claim(
+        self,
+        queues: Sequence[str],
+        worker: str,
+        *,
+        limit: int = 1,
+        wait: float = 0.0,
+        lease_seconds: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[Claim]:
+        """Lease up to ``limit`` invocations from ``queues`` (in the order given).
+
+        With ``wait`` > 0, blocks up to that many seconds for work to arrive.
+        """
+        if limit < 1:
+            raise InvalidRequest("claim limit must be at least 1")
+        deadline = time.monotonic() + max(0.0, wait)
+        while True:
+            generation = self._changes.generation
+            self.maybe_sweep()
+            claims = self._claim_now(queues, worker, limit, lease_seconds or self.lease_seconds)
+            remaining = deadline - time.monotonic()
+            if claims or remaining <= 0 or (should_stop is not None and should_stop()):
+                return claims
+            self._changes.wait(generation, min(remaining, self._next_due_in(queues)))
+
+    def _next_due_in(self, queues: Sequence[str]) -> float:
+        """Seconds until the earliest scheduled invocation of ``queues`` comes due."""
+        now = self.clock.now()
+        soonest = 0.25
+        for name in queues:
+            t = self.store.next_available_at(name)
+            if t is not None and t > now:
+                soonest = min(soonest, t - now)
+        return max(soonest, 0.001)
+
+    def _claim_now(
+        self, queues: Sequence[str], worker: str, limit: int, lease_seconds: float
+    ) -> list[Claim]:
+        claims: list[Claim] = []
+        for name in queues:
+            spec = self.store.get_queue(name)
+            if spec is None:
+                continue
+            while len(claims) < limit:
+                got = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
+                claims.extend(got)
+                if not got:
+                    break
+        for name in {c.queue for c in claims}:
+            self._touch(name, self.clock.now())
+        return claims
+
+    def _claim_from(
+        self, spec: QueueSpec, worker: str, want: int, lease_seconds: float
+    ) -> list[Claim]:
+        """One pass over the head of one queue; returns what it leased."""
+        now = self.clock.now()
+        cap = running_cap(spec)
+        boltzmann = spec.kind == "boltzmann"
+        # Ordered kinds take the head; Boltzmann samples among many.
+        fetch = max(BOLTZMANN_CANDIDATES, want) if boltzmann else want + 1
+        candidates = self.store.pending(spec.name, now, fetch)
+        if boltzmann:
+            claims_so_far = self.store.queue_counter(spec.name, 0)
+            temp = temperature(spec, now, claims_so_far)
+            ordered: Iterable[Invocation] = boltzmann_order(candidates, temp, self._rng)
+        else:
+            ordered = candidates
+        got: list[Claim] = []
+        for rec in ordered:
+            claim = self._lease(rec, worker, now, lease_seconds, cap)
+            if claim is None:
+                if cap is not None and self._at_cap(spec.name, cap):
+                    break
+                continue  # lost a race for this one: try the next
+            got.append(claim)
+            if len(got) >= want:
+                break
+        if boltzmann and got:
+            self.store.queue_counter(spec.name, len(got))
+        return got
+
+    def _at_cap(self, queue: str, cap: int) -> bool:
+        return self.store.counts(queue, self.clock.now()).get("running", 0) >= cap
+
+    def _lease(
+        self, rec: Invocation, worker: str, now: float, lease_seconds: float, cap: int | None
+    ) -> Claim | None:
+        token = secrets.token_hex(8)
+        expires = now + lease_seconds
+        if rec.timeout is not None:
+            expires = min(expires, now + rec.timeout)
+        updated = self.store.update_if(
+            rec.id,
+            {"state": State.PENDING, "attempt": rec.attempt},
+            {
+                "state": State.RUNNING,
+                "attempt": rec.attempt + 1,
+                "lease_token": token,
+                "lease_expires_at": expires,
+                "worker": worker,
+                "started_at": now,
+            },
+            running_below=cap,
+        )
+        if updated is None or updated.payload is None:
+            return None
+        return Claim(
+            id=updated.id,
+            queue=updated.queue,
+            payload=updated.payload,
+            lease_token=token,
+            lease_expires_at=expires,
+            attempt=updated.attempt,
+            timeout=updated.timeout,
+        )
+
+    def heartbeat(
+        self, inv_id: str, lease_token: str, *, lease_seconds: float | None = None
+    ) -> HeartbeatAnswer:
+        """Extend a lease. The answer says whether to keep going or stop (cancel)."""
+        rec = self.store.get(inv_id)
+        if rec is None or rec.lease_token != lease_token:
+            return HeartbeatAnswer(inv_id, ok=False, cancel=True, lease_expires_at=None)
+        if rec.state is not State.RUNNING:
+            return HeartbeatAnswer(inv_id, ok=False, cancel=True, lease_expires_at=None)
+        now = self.clock.now()
+        expires = now + (lease_seconds or self.lease_seconds)
+        timed_out = False
+        if rec.timeout is not None and rec.started_at is not None:
+            deadline = rec.started_at + rec.timeout
+            expires = min(expires, deadline)
+            timed_out = now >= deadline
+        updated = self.store.update_if(
+            inv_id,
+            {"state": State.RUNNING, "lease_token": lease_token},
+            {"lease_expires_at": expires},
+        )
+        if updated is None:
+            return HeartbeatAnswer(inv_id, ok=False, cancel=True, lease_expires_at=None)
+        return HeartbeatAnswer(inv_id, ok=True, cancel=timed_out, lease_expires_at=expires)
+
+    def release(self, inv_id: str, lease_token: str) -> None:
+        """Hand a claimed invocation back untried: pending again, the attempt not counted
+        (a worker stopping cold). Raises :class:`LeaseLost` unless the token is current."""
+        rec = self.store.get(inv_id)
+        if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
+            raise self._refusal(inv_id, lease_token)
+        changes = {
+            "state": State.PENDING,
+            "attempt": max(0, rec.attempt - 1),
+            "lease_token": None,
+            "lease_expires_at": None,
+            "worker": None,
+        }
+        expect = {"state": State.RUNNING, "lease_token": lease_token}
+        if self.store.update_if(inv_id, expect, changes) is None:
+            raise self._refusal(inv_id, lease_token)
+        self._changes.notify()
+
+    def report_progress(
+        self, inv_id: str, lease_token: str, fraction: float, message: str | None = None
+    ) -> None:
+        """Record how far a running job is (``fraction`` in [0, 1])."""
+        if not (isinstance(fraction, int | float) and math.isfinite(fraction)) or not (
+            0.0 <= fraction <= 1.0
+        ):
+            raise InvalidRequest("progress must be a fraction from 0 to 1")
+        if message is not None and len(message) > _MAX_PROGRESS_MESSAGE:
+            message = message[:_MAX_PROGRESS_MESSAGE]
+        expect = {"state": State.RUNNING, "lease_token": lease_token}
+        changes = {"progress": float(fraction), "progress_message": message}
+        if self.store.update_if(inv_id, expect, changes) is None:
+            raise self._refusal(inv_id, lease_token)
+
+    def append_logs(
+        self, inv_id: str, lease_token: str, chunks: Sequence[tuple[int, str, str]]
+    ) -> None:
+        """Store a running job's output: ``(n, stream, text)`` chunks numbered by the
+        worker from 1 within its attempt (a resent chunk is stored once)."""
+        rec = self.store.get(inv_id)
+        if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
+            raise self._refusal(inv_id, lease_token)
+        now = self.clock.now()
+        entries = []
+        for n, stream, text in chunks:
+            if stream not in ("stdout", "stderr") or not 0 < n < _LOG_SEQ_SPAN:
+                raise InvalidRequest("a log chunk is (n >= 1, 'stdout' | 'stderr', text)")
+            entries.append(
+                LogEntry(rec.attempt * _LOG_SEQ_SPAN + n, stream, text, now, rec.attempt)
+            )
+        self.store.append_logs(inv_id, entries)
+
+    def read_logs(self, inv_id: str, after: int = 0, limit: int = 1000) -> list[LogEntry]:
+        """A job's output after cursor ``after`` (an entry's ``seq``), every attempt in
+        order. Raises :class:`UnknownInvocation`."""
+        self.get(inv_id)
+        return self.store.read_logs(inv_id, after, limit)
+
+    def complete(self, inv_id: str, lease_token: str, result: bytes) -> None:
+        """Record the result. Raises :class:`LeaseLost` unless the token is current
+        and the invocation's timeout has not passed (then it fails as timed out)."""
+        now = self.clock.now()
+        updated = self.store.update_if(
+            inv_id,
+            {"state": State.RUNNING, "lease_token": lease_token},
+            {
+                "state": State.SUCCEEDED,
+                "result": result,
+                "error": None,
+                "finished_at": now,
+                "expires_at": now + self.retention,
+                "lease_expires_at": None,
+            },
+            deadline_after=now,
+        )
+        if updated is None:
+            raise self._refusal(inv_id, lease_token)
+        self._changes.finished([updated])
+
+    def fail(
+        self, inv_id: str, lease_token: str, error: dict[str, Any], *, retryable: bool = True
+    ) -> State:
+        """Record a raise. Retried (back to scheduled) when the policy allows.
+
+        Returns the state the invocation is in afterwards.
+        """
+        rec = self.store.get(inv_id)
+        if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
+            raise self._refusal(inv_id, lease_token)
+        if _past_deadline(rec, self.clock.now()):
+            raise self._refusal(inv_id, lease_token)
+        updated = self._fail_or_retry(rec, error, retryable=retryable)
+        if updated is None:
+            raise self._refusal(inv_id, lease_token)
+        return updated.public_state(self.clock.now())
+
+    def _fail_or_retry(
+        self, rec: Invocation, error: dict[str, Any], *, retryable: bool
+    ) -> Invocation | None:
+        now = self.clock.now()
+        expect = {"state": State.RUNNING, "lease_token": rec.lease_token}
+        retries_used = rec.attempt - 1
+        if retryable and rec.retry is not None and retries_used < rec.retry.max:
+            changes: dict[str, Any] = {
+                "state": State.PENDING,
+                "available_at": now + rec.retry.delay(retries_used),
+                "lease_token": None,
+                "lease_expires_at": None,
+                "worker": None,
+                "error": error,
+            }
+        else:
+            changes = {
+                "state": State.FAILED,
+                "error": error,
+                "finished_at": now,
+                "expires_at": now + self.retention,
+                "lease_expires_at": None,
+            }
+        updated = self.store.update_if(rec.id, expect, changes)
+        if updated is not None:
+            self._changes.finished([updated])
+        return updated
+
+    def _refusal(self, inv_id: str, lease_token: str) -> Exception:
+        """Why an answer was refused; records a timeout the answer came too late for."""
+        rec = self.store.get(inv_id)
+        if rec is None:
+            return UnknownInvocation(f"no invocation {inv_id!r} on this plane")
+        now = self.clock.now()
+        held = rec.state is State.RUNNING and rec.lease_token == lease_token
+        if held and _past_deadline(rec, now):
+            self._expire_lease(rec, now)
+            return LeaseLost(
+                f"invocation {inv_id!r} ran past its timeout of {rec.timeout:g}s; "
+                "its answer is refused"
+            )
+        if rec.state is State.CANCELLED:
+            return LeaseLost(f"invocation {inv_id!r} was cancelled; its answer is refused")
+        if rec.lease_token != lease_token:
+            return LeaseLost(
+                f"lease on {inv_id!r} is no longer held (expired and handed on); answer refused"
+            )
+        return LeaseLost(f"invocation {inv_id!r} is {rec.state.value}; answer refused")
+
+    def maybe_sweep(self) -> None:
+        """Sweep at most once per ``sweep_interval`` (called on every claim)."""
+        now = self.clock.now()
+        if now < self._next_sweep or not self._sweep_lock.acquire(blocking=False):
+            return
+        try:
+            self._next_sweep = now + self.sweep_interval
+            self._sweep(now)
+        finally:
+            self._sweep_lock.release()
+
+    def sweep(self) -> int:
+        """Handle every expired lease and purge past-retention data now."""
+        with self._sweep_lock:
+            return self._sweep(self.clock.now(), purge=True)
+
+    def _sweep(self, now: float, *, purge: bool = False) -> int:
+        handled = 0
+        while True:
+            batch = self.store.expired_leases(now, _SWEEP_BATCH)
+            for rec in batch:
+                if self._expire_lease(rec, now) is not None:
+                    handled += 1
+            if len(batch) < _SWEEP_BATCH:
+                break
+        if purge or now >= self._next_purge:
+            self._next_purge = now + 60.0
+            self.store.purge(now, now - self.tombstone)
+            for spec, _ in self.store.list_queues():
+                if spec.delete_when_drained and self._drained(spec.name, now):
+                    self.store.delete_queue(spec.name, invocations=False)
+        if handled:
+            self._changes.notify()
+        return handled
+
+    def _expire_lease(self, rec: Invocation, now: float) -> Invocation | None:
+        if _past_deadline(rec, now):
+            error = {
+                "type": "dreamlake.lakeshore.InvocationTimeout",
+                "message": f"invocation exceeded its timeout of {rec.timeout:g}s",
+                "traceback": "",
+                "pickled": None,
+            }
+            return self._fail_or_retry(rec, error, retryable=True)
+        expect = {"state": State.RUNNING, "lease_token": rec.lease_token}
+        if rec.attempt >= rec.max_attempts:
+            changes: dict[str, Any] = {
+                "state": State.DEAD,
+                "error": {
+                    "type": "dreamlake.lakeshore.InvocationDead",
+                    "message": (
+                        f"lost its worker on each of {rec.attempt} attempts "
+                        f"(max_attempts={rec.max_attempts})"
+                    ),
+                    "traceback": "",
+                    "pickled": None,
+                },
+                "finished_at": now,
+                "expires_at": now + self.retention,
+                "lease_expires_at": None,
+            }
+        else:
+            changes = {
+                "state": State.PENDING,
+                "lease_token": None,
+                "lease_expires_at": None,
+                "worker": None,
+            }
+        updated = self.store.update_if(rec.id, expect, changes)
+        if updated is not None:
+            self._changes.finished([updated])
+        return updated
+
+
+def _past_deadline(rec: Invocation, now: float) -> bool:
+    """Whether a running invocation's per-invocation timeout has passed."""
+    return (
+        rec.timeout is not None
+        and rec.started_at is not None
+        and now >= rec.started_at + rec.timeout
+    )
