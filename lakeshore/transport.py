@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from .plane.model import (
     Claim,
+    DaemonRecord,
     HeartbeatAnswer,
     Invocation,
     LogEntry,
@@ -93,6 +94,33 @@ class Transport(Protocol):
     def fail(
         self, inv_id: str, lease_token: str, error: dict[str, Any], *, retryable: bool = True
     ) -> State: ...
+
+    def register_daemon(
+        self,
+        name: str,
+        *,
+        daemon_id: str | None = None,
+        queues: Sequence[str] = (),
+        concurrency: int = 1,
+        python: str = "",
+        pickle_protocols: Sequence[int] = (),
+        host: str = "",
+    ) -> DaemonRecord: ...
+
+    def daemon_heartbeat(self, daemon_id: str, running: int | None = None) -> DaemonRecord: ...
+
+    def list_daemons(self) -> list[DaemonRecord]: ...
+
+    def update_daemon(
+        self,
+        daemon_id: str,
+        *,
+        add_queues: Sequence[str] = (),
+        remove_queues: Sequence[str] = (),
+        concurrency: int | None = None,
+    ) -> DaemonRecord: ...
+
+    def drain_daemon(self, daemon_id: str) -> DaemonRecord: ...
 
     def put_blob(self, digest: str, data: bytes) -> None: ...
 

@@ -17,7 +17,7 @@ from typing import Any
 from .. import __version__
 from ..errors import InvalidRequest, LakeshoreError, NotFound, QueueNotFound
 from ..plane import Plane
-from ..plane.model import DaemonRecord, Invocation, QueueSpec, RetryPolicy, Submission
+from ..plane.model import Invocation, QueueSpec, RetryPolicy, Submission
 from ..submit import new_id
 from ..wire import (
     PICKLE_PROTOCOL,
@@ -484,74 +484,40 @@ class Service:
             "host": str,
         }
         body = fields(body, schema, required=("name",))
-        now = self.plane.now()
-        daemon_id = body.get("id") or f"d-{secrets.token_hex(6)}"
-        old = self.plane.store.get_daemon(daemon_id)
-        rec = DaemonRecord(
-            id=daemon_id,
-            name=body["name"],
-            host=body.get("host", old.host if old else ""),
-            # the plane's queues win over the daemon's flags once it is known
-            queues=old.queues if old else [str(q) for q in body.get("queues", [])],
-            concurrency=old.concurrency if old else max(1, body.get("concurrency", 1)),
-            python=body.get("python", old.python if old else ""),
-            pickle_protocols=[
-                int(p) for p in body.get("pickle_protocols", old.pickle_protocols if old else [])
-            ],
-            registered_at=old.registered_at if old else now,
-            last_heartbeat=now,
-            running=0,
-            draining=False,
+        for name in body.get("queues", []):
+            ident.check_queue(str(name))
+        rec = self.plane.register_daemon(
+            body["name"],
+            daemon_id=body.get("id"),
+            queues=[str(q) for q in body.get("queues", [])],
+            concurrency=body.get("concurrency", 1),
+            python=body.get("python", ""),
+            pickle_protocols=body.get("pickle_protocols", []),
+            host=body.get("host", ""),
         )
-        for name in rec.queues:
-            ident.check_queue(name)
-        self.plane.store.put_daemon(rec)
         return {"daemon": asdict(rec)}
-
-    def _daemon(self, daemon_id: str) -> DaemonRecord:
-        rec = self.plane.store.get_daemon(daemon_id)
-        if rec is None:
-            raise NotFound(f"no daemon {daemon_id!r}")
-        return rec
 
     def daemon_heartbeat(
         self, ident: Identity, daemon_id: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         ident.require("worker")
         body = fields(body, {"running": int})
-        rec = self._daemon(daemon_id)
-        rec.last_heartbeat = self.plane.now()
-        rec.running = body.get("running", rec.running)
-        self.plane.store.put_daemon(rec)
-        return {"daemon": asdict(rec)}
+        return {"daemon": asdict(self.plane.daemon_heartbeat(daemon_id, body.get("running")))}
 
     def list_daemons(self, ident: Identity) -> dict[str, Any]:
-        return {"daemons": [asdict(d) for d in self.plane.store.list_daemons()]}
+        return {"daemons": [asdict(d) for d in self.plane.list_daemons()]}
 
     def update_daemon(
         self, ident: Identity, daemon_id: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         ident.require()
         body = fields(body, {"add_queues": list, "remove_queues": list, "concurrency": int})
-        rec = self._daemon(daemon_id)
-        queues = [q for q in rec.queues if q not in body.get("remove_queues", [])]
-        queues += [q for q in body.get("add_queues", []) if q not in queues]
-        if not all(isinstance(q, str) for q in queues):
-            raise InvalidRequest("queues must be names")
-        rec.queues = queues
-        if "concurrency" in body:
-            if body["concurrency"] < 1:
-                raise InvalidRequest("concurrency must be at least 1")
-            rec.concurrency = body["concurrency"]
-        self.plane.store.put_daemon(rec)
+        rec = self.plane.update_daemon(daemon_id, **body)
         return {"daemon": asdict(rec)}
 
     def drain_daemon(self, ident: Identity, daemon_id: str) -> dict[str, Any]:
         ident.require()
-        rec = self._daemon(daemon_id)
-        rec.draining = True
-        self.plane.store.put_daemon(rec)
-        return {"daemon": asdict(rec)}
+        return {"daemon": asdict(self.plane.drain_daemon(daemon_id))}
 
     # ------------------------------------------------------------------ tokens
     def create_token(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:

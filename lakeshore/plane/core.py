@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from ..clock import Clock, SystemClock
 from ..errors import InvalidRequest, UnknownInvocation
 from .changes import Changes
+from .daemons import DaemonOps
 from .producers import ProducerOps, request_digest
 from .queues import QueueOps
 from .store import Store
@@ -43,12 +44,12 @@ from .workers import WorkerOps
 __all__ = ["Plane", "request_digest"]
 
 
-class Plane(QueueOps, ProducerOps, WorkerOps):
+class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps):
     """The control plane over one :class:`~.store.Store`.
 
     Thread-safe: every decision is a compare-and-set on the store, so any number of
     threads (and, on a shared store, processes) may call it at once. The rules live in
-    three parts: :mod:`.queues`, :mod:`.producers` and :mod:`.workers`.
+    four parts: :mod:`.queues`, :mod:`.producers`, :mod:`.workers` and :mod:`.daemons`.
     """
 
     def __init__(

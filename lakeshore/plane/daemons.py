@@ -1,0 +1,97 @@
+"""Fleet daemons: long-running workers whose queues and concurrency live on the plane.
+
+A daemon registers under an id it keeps across restarts; once the plane knows it, the
+plane's queues and concurrency win over the daemon's start-up flags, so an operator's
+``daemon update`` sticks. Each heartbeat returns the record as the plane has it — how
+a running daemon learns of new queues, a new concurrency or a drain.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+from ..errors import InvalidRequest, NotFound
+from .base import PlaneBase
+from .model import DaemonRecord
+
+__all__ = ["DaemonOps"]
+
+
+class DaemonOps(PlaneBase):
+    def register_daemon(
+        self,
+        name: str,
+        *,
+        daemon_id: str | None = None,
+        queues: Sequence[str] = (),
+        concurrency: int = 1,
+        python: str = "",
+        pickle_protocols: Sequence[int] = (),
+        host: str = "",
+    ) -> DaemonRecord:
+        """Register (or re-register) a daemon; return the record it should follow."""
+        now = self.clock.now()
+        daemon_id = daemon_id or f"d-{secrets.token_hex(6)}"
+        old = self.store.get_daemon(daemon_id)
+        protocols = pickle_protocols or (old.pickle_protocols if old else [])
+        rec = DaemonRecord(
+            id=daemon_id,
+            name=name,
+            host=host or (old.host if old else ""),
+            queues=list(old.queues) if old else [str(q) for q in queues],
+            concurrency=old.concurrency if old else max(1, int(concurrency)),
+            python=python or (old.python if old else ""),
+            pickle_protocols=[int(p) for p in protocols],
+            registered_at=old.registered_at if old else now,
+            last_heartbeat=now,
+            running=0,
+            draining=False,
+        )
+        self.store.put_daemon(rec)
+        return rec
+
+    def get_daemon(self, daemon_id: str) -> DaemonRecord:
+        rec = self.store.get_daemon(daemon_id)
+        if rec is None:
+            raise NotFound(f"no daemon {daemon_id!r}")
+        return rec
+
+    def daemon_heartbeat(self, daemon_id: str, running: int | None = None) -> DaemonRecord:
+        rec = self.get_daemon(daemon_id)
+        rec.last_heartbeat = self.clock.now()
+        if running is not None:
+            rec.running = running
+        self.store.put_daemon(rec)
+        return rec
+
+    def list_daemons(self) -> list[DaemonRecord]:
+        return self.store.list_daemons()
+
+    def update_daemon(
+        self,
+        daemon_id: str,
+        *,
+        add_queues: Sequence[str] = (),
+        remove_queues: Sequence[str] = (),
+        concurrency: int | None = None,
+    ) -> DaemonRecord:
+        """Change a daemon's queues or concurrency; it follows at its next heartbeat."""
+        rec = self.get_daemon(daemon_id)
+        if not all(isinstance(q, str) and q for q in [*add_queues, *remove_queues]):
+            raise InvalidRequest("queues must be names")
+        queues = [q for q in rec.queues if q not in remove_queues]
+        rec.queues = queues + [q for q in dict.fromkeys(add_queues) if q not in queues]
+        if concurrency is not None:
+            if concurrency < 1:
+                raise InvalidRequest("concurrency must be at least 1")
+            rec.concurrency = concurrency
+        self.store.put_daemon(rec)
+        return rec
+
+    def drain_daemon(self, daemon_id: str) -> DaemonRecord:
+        """Ask a daemon to finish what it runs, claim nothing more, and exit."""
+        rec = self.get_daemon(daemon_id)
+        rec.draining = True
+        self.store.put_daemon(rec)
+        return rec
