@@ -179,3 +179,36 @@ def submit_exec(dp: dls.Dispatch, queue: str, cmd: str) -> str:
     dp.ensure_queue(QueueSpec(queue), strict=False, check=())
     sub = Submission(id=new_id(), queue=queue, payload=encode_exec(cmd, None, None).payload)
     return dp.transport.submit([sub])[0]
+
+
+def test_a_daemon_follows_queue_and_concurrency_updates_without_restart(
+    dp: dls.Dispatch, tmp_path: Path
+) -> None:
+    from dreamlake.lakeshore.worker.daemon import Daemon
+
+    # Given a daemon started on no queue
+    daemon = Daemon(dp, "gpu-1", concurrency=1, heartbeat_every=0.2, state_dir=tmp_path)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: daemon.record is not None)
+        assert daemon.record is not None
+        daemon_id = daemon.record.id
+        q = dls.SyncQueue("late", dispatch=dp)
+        inv = q.submit(square, 6)
+        # When an operator adds a queue and more slots on the plane
+        dp.transport.update_daemon(daemon_id, add_queues=["late"], concurrency=2)
+        # Then the running daemon serves it within a heartbeat
+        assert q.result(inv, timeout=20) == 36
+        wait_for(lambda: daemon.worker is not None and len(daemon.worker._slots) == 2)
+        # And a drain ends it
+        dp.transport.drain_daemon(daemon_id)
+        thread.join(timeout=20)
+        assert not thread.is_alive()
+    finally:
+        daemon.request_stop()
+        daemon.request_stop()
+        thread.join(timeout=20)
+    # And a restart under the same name keeps the identity and the plane's settings
+    again = Daemon(dp, "gpu-1", state_dir=tmp_path).register()
+    assert (again.id, again.queues, again.concurrency) == (daemon_id, ["late"], 2)

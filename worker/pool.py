@@ -83,8 +83,6 @@ class ProcessWorker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if not queues:
-            raise ValueError("a worker needs at least one queue")
         self.dispatch = dispatch
         self.transport = dispatch.transport
         self.queues = list(queues)
@@ -103,9 +101,37 @@ class ProcessWorker:
         self._cold = threading.Event()
         self._beat_stop = threading.Event()
         self._blob_cache: dict[str, bytes] = {}
+        self._next_flush = 0.0
         self.completed = 0
 
     # ------------------------------------------------------------------ control
+    def set_queues(self, queues: Sequence[str]) -> None:
+        """Serve these queues from the next claim on (a daemon's live update)."""
+        self.queues = list(queues)
+
+    def set_concurrency(self, concurrency: int) -> None:
+        """Grow or shrink the slots; a busy slot goes once its job is done."""
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.concurrency = concurrency
+
+    @property
+    def running(self) -> int:
+        """Jobs in flight now."""
+        return sum(1 for s in self._slots if s.claim is not None)
+
+    def _resize(self) -> None:
+        while len(self._slots) < self.concurrency:
+            slot = _Slot(max((s.index for s in self._slots), default=-1) + 1)
+            self._spawn(slot)
+            self._slots.append(slot)
+        for slot in list(self._slots):
+            if len(self._slots) <= self.concurrency:
+                break
+            if slot.claim is None:
+                self._retire(slot)
+                self._slots.remove(slot)
+
     def request_stop(self) -> None:
         """First call: finish in-flight jobs and stop. Second: stop cold."""
         if self._stopping.is_set():
@@ -147,8 +173,11 @@ class ProcessWorker:
                 busy = [s for s in self._slots if s.claim is not None]
                 if self._stopping.is_set() and not busy:
                     break
+                self._resize()
                 free = [s for s in self._slots if s.claim is None]
-                if free and not self._stopping.is_set() and time.monotonic() >= next_claim:
+                ready = time.monotonic() >= next_claim and bool(self.queues)
+                attempted = bool(free) and not self._stopping.is_set() and ready
+                if attempted:
                     wait = 0.0 if busy else min(backoff, self.max_idle_wait)
                     claims = self.transport.claim(
                         self.queues,
@@ -167,9 +196,12 @@ class ProcessWorker:
                         # while jobs run, poll for more at the backoff pace
                         next_claim = time.monotonic() + (backoff if busy else 0.0)
                 busy = [s for s in self._slots if s.claim is not None]
-                self._pump(0.05 if busy else 0.0)
+                # a claim that found nothing already waited; otherwise wait on the children
+                self._pump(0.05 if busy or not attempted else 0.0)
                 self._enforce()
-                self._flush_output()
+                if time.monotonic() >= self._next_flush:
+                    self._next_flush = time.monotonic() + _LOG_FLUSH
+                    self._flush_output()
         finally:
             self._beat_stop.set()
             beat.join(timeout=5)

@@ -1,0 +1,105 @@
+"""Fleet daemons: a process worker whose queues and concurrency live on the plane.
+
+``lakeshore daemon start --name gpu-1`` registers with the plane under an id kept in
+``$LAKESHORE_HOME/daemons/<name>.id``, so a restart is the same daemon. Every
+heartbeat (default 5 s) returns the record as the plane has it; the daemon follows it
+at once — new queues, another concurrency, or a drain (finish in-flight work, exit).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import config
+from ..dispatch import Dispatch
+from ..plane.model import DaemonRecord
+from ..wire import PICKLE_PROTOCOL, PY_VERSION
+from .pool import ProcessWorker
+
+__all__ = ["Daemon"]
+
+
+class Daemon:
+    def __init__(
+        self,
+        dispatch: Dispatch,
+        name: str,
+        *,
+        queues: Sequence[str] = (),
+        concurrency: int = 1,
+        imports: Sequence[str] = (),
+        lease_seconds: float = 60.0,
+        heartbeat_every: float = 5.0,
+        state_dir: Path | None = None,
+    ) -> None:
+        self.dispatch = dispatch
+        self.name = name
+        self.state_dir = state_dir or config.settings().home.expanduser() / "daemons"
+        self.heartbeat_every = heartbeat_every
+        self._start_queues, self._start_concurrency = list(queues), concurrency
+        self._imports, self._lease_seconds = list(imports), lease_seconds
+        self.record: DaemonRecord | None = None
+        self.worker: ProcessWorker | None = None
+        self._stop = threading.Event()
+
+    @property
+    def _id_file(self) -> Path:
+        return self.state_dir / f"{self.name}.id"
+
+    def register(self) -> DaemonRecord:
+        known = self._id_file.read_text().strip() if self._id_file.exists() else None
+        rec = self.dispatch.transport.register_daemon(
+            self.name,
+            daemon_id=known or None,
+            queues=self._start_queues,
+            concurrency=self._start_concurrency,
+            python=PY_VERSION,
+            pickle_protocols=list(range(2, PICKLE_PROTOCOL + 1)),
+            host=socket.gethostname(),
+        )
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._id_file.write_text(rec.id + "\n")
+        self.record = rec
+        return rec
+
+    def run(self) -> int:
+        """Register, serve until drained or signalled; return jobs reported."""
+        rec = self.register()
+        self.worker = ProcessWorker(
+            self.dispatch,
+            rec.queues,
+            concurrency=rec.concurrency,
+            imports=self._imports,
+            lease_seconds=self._lease_seconds,
+            worker_id=f"{rec.id}@{rec.host}",
+        )
+        beat = threading.Thread(target=self._beat, name="lakeshore-daemon", daemon=True)
+        beat.start()
+        try:
+            return self.worker.run()
+        finally:
+            self._stop.set()
+            beat.join(timeout=10)
+
+    def request_stop(self) -> None:
+        if self.worker is not None:
+            self.worker.request_stop()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_every):
+            worker, rec = self.worker, self.record
+            if worker is None or rec is None:
+                continue
+            try:
+                rec = self.dispatch.transport.daemon_heartbeat(rec.id, worker.running)
+            except Exception:
+                continue  # the plane is away; keep serving what we have
+            self.record = rec
+            worker.set_queues(rec.queues)
+            worker.set_concurrency(rec.concurrency)
+            if rec.draining:
+                worker.request_stop()
+                return
