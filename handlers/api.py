@@ -116,12 +116,19 @@ def make_app(service: Service) -> APIGatewayHttpResolver:
         lambda ident, id: service.update_invocation(ident, id, body())
     )
     route("POST", "/v1/invocations/{id}/cancel")(lambda ident, id: service.cancel(ident, id))
+    route("POST", "/v1/invocations/{id}/retry")(lambda ident, id: service.retry(ident, id))
+    route("GET", "/v1/invocations/{id}/logs")(
+        lambda ident, id: service.read_logs(ident, id, query())
+    )
 
     # --- workers -------------------------------------------------------------------------
     route("POST", "/v1/claims")(lambda ident: service.claim(ident, body()))
     route("POST", "/v1/heartbeats")(lambda ident: service.heartbeat(ident, body()))
     route("POST", "/v1/completions")(lambda ident: service.complete(ident, body()))
     route("POST", "/v1/failures")(lambda ident: service.fail(ident, body()))
+    route("POST", "/v1/releases")(lambda ident: service.release(ident, body()))
+    route("POST", "/v1/logs")(lambda ident: service.append_logs(ident, body()))
+    route("POST", "/v1/progress")(lambda ident: service.report_progress(ident, body()))
 
     # --- blobs: a bearer token, or a signed URL ------------------------------------------
     route("POST", "/v1/blobs/missing")(lambda ident: service.missing_blobs(ident, body()))

@@ -62,6 +62,12 @@ class Transport(Protocol):
 
     def set_priority(self, inv_id: str, priority: float) -> Invocation: ...
 
+    def list_invocations(
+        self, queue: str, state: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[Invocation]: ...
+
+    def retry(self, inv_id: str) -> Invocation: ...
+
     def claim(
         self,
         queues: Sequence[str],

@@ -446,3 +446,40 @@ def test_answers_follow_accept(api: Api) -> None:
     assert ans.headers["content-type"].startswith(JS)
     ans = api.admin.raw("GET", "/v1/hello", ctype=JS, accept=MP)
     assert ans.headers["content-type"].startswith(MP)
+
+
+def test_output_progress_release_and_retry_over_the_api(api: Api) -> None:
+    producer, worker = api.client("producer"), api.client("worker")
+    inv = submit_ref(producer, "q", 1.0)
+    (claim,) = worker.call("POST", "/v1/claims", {"queues": ["q"], "worker": "w"}).body["claims"]
+    lease = {"id": inv, "lease_token": claim["lease_token"]}
+    # A worker streams output and progress
+    chunks = [[1, "stdout", "hello\n"], [2, "stderr", "warn\n"]]
+    assert worker.call("POST", "/v1/logs", {**lease, "chunks": chunks}).body == {"ok": True}
+    assert (
+        worker.call("POST", "/v1/progress", {**lease, "fraction": 0.5, "message": "half"}).status
+        == 200
+    )
+    logs = producer.call("GET", f"/v1/invocations/{inv}/logs").body
+    assert [(e["stream"], e["text"]) for e in logs["entries"]] == [
+        ("stdout", "hello\n"),
+        ("stderr", "warn\n"),
+    ]
+    assert logs["state"] == "running"
+    later = producer.call("GET", f"/v1/invocations/{inv}/logs", query=f"after={logs['next']}").body
+    assert later["entries"] == []
+    # Hands it back untried, then a second claim fails it, and a retry runs it again
+    assert worker.call("POST", "/v1/releases", {"leases": [lease]}).body["answers"][0]["ok"]
+    (again,) = worker.call("POST", "/v1/claims", {"queues": ["q"], "worker": "w"}).body["claims"]
+    assert again["attempt"] == 1
+    err = encode_error(RuntimeError("no"))
+    worker.call(
+        "POST",
+        "/v1/failures",
+        {"failures": [{"id": inv, "lease_token": again["lease_token"], "error": err}]},
+    )
+    retried = producer.call("POST", f"/v1/invocations/{inv}/retry").body["invocation"]
+    assert retried["state"] == "pending"
+    assert producer.call("POST", f"/v1/invocations/{inv}/retry").status == 400
+    bad = worker.call("POST", "/v1/logs", {**lease, "chunks": [["x"]]})
+    assert (bad.status, bad.code) == (400, "invalid_request")

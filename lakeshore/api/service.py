@@ -296,9 +296,7 @@ class Service:
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be 1 to 1000")
         now = self.plane.now()
-        recs = self.plane.store.list_invocations(
-            q["queue"], q.get("state"), now, q.get("cursor"), limit
-        )
+        recs = self.plane.list_invocations(q["queue"], q.get("state"), q.get("cursor"), limit)
         nxt = recs[-1].id if len(recs) == limit else None
         return {"invocations": [invocation_view(r, now, result=False) for r in recs], "next": nxt}
 
@@ -330,6 +328,27 @@ class Service:
         body = fields(body, {"priority": _NUM}, required=("priority",))
         rec = self.plane.set_priority(inv_id, float(body["priority"]))
         return {"invocation": invocation_view(rec, self.plane.now())}
+
+    def retry(self, ident: Identity, inv_id: str) -> dict[str, Any]:
+        self._readable(ident, inv_id)
+        return {"invocation": invocation_view(self.plane.retry(inv_id), self.plane.now())}
+
+    def read_logs(self, ident: Identity, inv_id: str, query: dict[str, str]) -> dict[str, Any]:
+        self._readable(ident, inv_id)
+        q = fields(query, {"after": str, "limit": str}, where="query")
+        try:
+            after, limit = int(q.get("after", "0")), int(q.get("limit", "1000"))
+        except ValueError:
+            raise InvalidRequest("after and limit must be whole numbers") from None
+        if not 1 <= limit <= 10_000:
+            raise InvalidRequest("limit must be 1 to 10000")
+        entries = self.plane.read_logs(inv_id, after, limit)
+        rec = self.plane.get(inv_id)
+        return {
+            "entries": [asdict(e) for e in entries],
+            "next": entries[-1].seq if entries else after,
+            "state": rec.public_state(self.plane.now()).value,
+        }
 
     # ------------------------------------------------------------------ workers
     def claim(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
@@ -427,6 +446,53 @@ class Service:
             except LakeshoreError as exc:
                 answers.append({"id": x["id"], "ok": False, "state": None, "error": _error(exc)})
         return {"answers": answers}
+
+    def release(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("worker")
+        fields(body, {"leases": list}, required=("leases",))
+        items = self._batch(body, "leases", {"id": str, "lease_token": str}, ("id", "lease_token"))
+        answers = []
+        for x in items:
+            try:
+                self.plane.release(x["id"], x["lease_token"])
+                answers.append({"id": x["id"], "ok": True, "error": None})
+            except LakeshoreError as exc:
+                answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
+        return {"answers": answers}
+
+    def append_logs(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("worker")
+        body = fields(
+            body,
+            {"id": str, "lease_token": str, "chunks": list},
+            required=("id", "lease_token", "chunks"),
+        )
+        chunks = body["chunks"]
+        if not 1 <= len(chunks) <= self.limits.max_batch:
+            raise InvalidRequest(f"chunks must hold 1 to {self.limits.max_batch} items")
+        parsed = []
+        for i, c in enumerate(chunks):
+            ok = (
+                isinstance(c, list)
+                and len(c) == 3
+                and isinstance(c[0], int)
+                and isinstance(c[1], str)
+                and isinstance(c[2], str)
+            )
+            if not ok:
+                raise InvalidRequest(f"chunks[{i}] must be [n, stream, text]")
+            parsed.append((c[0], c[1], c[2]))
+        self.plane.append_logs(body["id"], body["lease_token"], parsed)
+        return {"ok": True}
+
+    def report_progress(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("worker")
+        schema = {"id": str, "lease_token": str, "fraction": _NUM, "message": (str, type(None))}
+        body = fields(body, schema, required=("id", "lease_token", "fraction"))
+        self.plane.report_progress(
+            body["id"], body["lease_token"], float(body["fraction"]), body.get("message")
+        )
+        return {"ok": True}
 
     # ------------------------------------------------------------------ blobs
     def sign(self, method: str, digest: str, expires: int) -> str:

@@ -135,6 +135,44 @@ class ProducerOps(PlaneBase):
                 self._changes.finished([updated])
                 return updated.state
 
+    def list_invocations(
+        self, queue: str, state: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[Invocation]:
+        """A queue's invocations by id, after the id ``after``; ``state`` filters by
+        public state."""
+        if state is not None and state not in {s.value for s in State}:
+            raise InvalidRequest(f"unknown state {state!r}")
+        return self.store.list_invocations(queue, state, self.clock.now(), after, limit)
+
+    def retry(self, inv_id: str) -> Invocation:
+        """Run a failed or dead invocation again, as a new attempt with a fresh budget of
+        ``max_attempts`` claims. Other states are refused."""
+        while True:
+            rec = self.get(inv_id)
+            if rec.state not in (State.FAILED, State.DEAD):
+                raise InvalidRequest(
+                    f"invocation {inv_id!r} is {rec.state.value}; only failed or dead ones retry"
+                )
+            if rec.payload is None:
+                raise InvalidRequest(f"invocation {inv_id!r} passed retention; it cannot retry")
+            now = self.clock.now()
+            changes: dict[str, Any] = {
+                "state": State.PENDING,
+                "available_at": now,
+                "max_attempts": rec.attempt + self.max_attempts,
+                "finished_at": None,
+                "expires_at": None,
+                "result": None,
+                "lease_token": None,
+                "lease_expires_at": None,
+                "worker": None,
+            }
+            expect = {"state": rec.state, "attempt": rec.attempt}
+            updated = self.store.update_if(inv_id, expect, changes)
+            if updated is not None:
+                self._changes.notify()
+                return updated
+
     def set_priority(self, inv_id: str, priority: float) -> Invocation:
         """Change a pending invocation's priority (its place in a priority queue)."""
         if not math.isfinite(priority):
