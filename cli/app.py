@@ -5,6 +5,10 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
+from .invocations import exec_command, invocations_app
+from .queues import queues_app
+from .serve import serve
+from .workers import daemon_app, worker_app
 
 app = typer.Typer(
     name="lakeshore",
@@ -27,3 +31,11 @@ def root(
     ),
 ) -> None:
     """Submit work, run workers and operate a Lakeshore plane."""
+
+
+app.command()(serve)
+app.command("exec")(exec_command)
+app.add_typer(worker_app, name="worker")
+app.add_typer(daemon_app, name="daemon")
+app.add_typer(queues_app, name="queues")
+app.add_typer(invocations_app, name="invocations")

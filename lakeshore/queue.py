@@ -39,7 +39,7 @@ from .dispatch import Dispatch
 from .errors import InvalidRequest
 from .plane.model import FINISHED, Invocation, QueueSpec, RetryPolicy, Submission
 from .submit import SubmitOptions, key_id, new_id, outcome
-from .wire import encode_pickle_call, encode_ref_call
+from .wire import EncodedCall, encode_exec, encode_pickle_call, encode_ref_call
 
 __all__ = [
     "BoltzmannQueue",
@@ -208,10 +208,13 @@ class _QueueHandle:
         opts: SubmitOptions,
         *,
         body: bytes | None = None,
+        encoded: EncodedCall | None = None,
     ) -> str:
         dp = opts.dispatch or self.dispatch
         stored = self._ensure(dp)
-        if isinstance(fn, str):
+        if encoded is not None:
+            pass
+        elif isinstance(fn, str):
             encoded = encode_ref_call(fn, args, kwargs)
         else:
             limit = dp.transport.inline_limit()
@@ -242,6 +245,19 @@ class _QueueHandle:
             retry=opts.retry,
         )
         return dp.submit([sub], spec=self.spec, strict=self.strict, check=self._check)[0]
+
+    def _submit_exec(
+        self,
+        cmd: str | list[str],
+        env: Mapping[str, str] | None,
+        cwd: str | None,
+        kwargs: dict[str, Any],
+    ) -> str:
+        opts, rest = SubmitOptions.split({f"_{k}": v for k, v in kwargs.items()})
+        if rest:
+            raise TypeError(f"unexpected keyword arguments: {', '.join(rest)}")
+        encoded = encode_exec(cmd, dict(env or {}), cwd)
+        return self._submit("", (), {}, opts, encoded=encoded)
 
     def _update(self, settings: dict[str, Any]) -> QueueSpec:
         unknown = set(settings) - (KIND_OPTIONS[self.kind] | {"elasticity", "retry"})
@@ -313,6 +329,20 @@ class Queue(_QueueHandle):
         opts, kwargs = SubmitOptions.split(kwargs)
         return self._submit(fn, args, kwargs, opts)
 
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        **options: Any,
+    ) -> str:
+        """Submit a shell command (a string) or an argv (a list). Its result is
+        ``{"exit_code", "stdout", "stderr"}``; a non-zero exit raises
+        ``subprocess.CalledProcessError``. ``options`` are submit options without the
+        underscore: ``timeout=``, ``delay=``, ``priority=``, ``idempotency_key=``, ..."""
+        return self._submit_exec(cmd, env, cwd, options)
+
     async def result(self, inv_id: str, timeout: float | None = None) -> Any:
         """The invocation's return value; raises what it raised.
 
@@ -357,6 +387,17 @@ class SyncQueue(_QueueHandle):
         """As :meth:`Queue.submit`, blocking."""
         opts, kwargs = SubmitOptions.split(kwargs)
         return self._submit(fn, args, kwargs, opts)
+
+    def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        **options: Any,
+    ) -> str:
+        """As :meth:`Queue.exec`, blocking."""
+        return self._submit_exec(cmd, env, cwd, options)
 
     def result(self, inv_id: str, timeout: float | None = None) -> Any:
         """As :meth:`Queue.result`, blocking."""

@@ -487,7 +487,12 @@ class Service:
 
     def report_progress(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require("worker")
-        schema = {"id": str, "lease_token": str, "fraction": _NUM, "message": (str, type(None))}
+        schema: dict[str, Any] = {
+            "id": str,
+            "lease_token": str,
+            "fraction": _NUM,
+            "message": (str, type(None)),
+        }
         body = fields(body, schema, required=("id", "lease_token", "fraction"))
         self.plane.report_progress(
             body["id"], body["lease_token"], float(body["fraction"]), body.get("message")

@@ -1,0 +1,121 @@
+"""What every command shares: where the plane is, and how answers are printed."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..dispatch import Dispatch
+from ..errors import LakeshoreError
+
+__all__ = [
+    "JsonOpt",
+    "PlaneOpt",
+    "TokenOpt",
+    "UrlOpt",
+    "duration",
+    "emit",
+    "fail",
+    "open_plane",
+    "when",
+]
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option("--url", envvar="LAKESHORE_URL", help="A remote plane's URL (else auth.yml)."),
+]
+TokenOpt = Annotated[
+    str | None,
+    typer.Option("--token", envvar="LAKESHORE_TOKEN", help="The bearer token for --url."),
+]
+PlaneOpt = Annotated[
+    Path | None,
+    typer.Option("--plane", help="An embedded plane file on this machine instead of a URL."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    typer.echo(f"lakeshore: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def open_plane(url: str | None, token: str | None, plane: Path | None) -> Iterator[Dispatch]:
+    """The Dispatch a command talks to; LakeshoreErrors become one-line messages."""
+    if url and plane:
+        raise fail("give --url or --plane, not both", 2)
+    try:
+        if plane is not None:
+            dp = Dispatch(str(plane))
+        elif url:
+            dp = Dispatch(url, token=token)
+        else:
+            dp = Dispatch()
+    except (LakeshoreError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    try:
+        yield dp
+    except LakeshoreError as exc:
+        raise fail(f"{exc} ({exc.code})") from None
+    finally:
+        dp.close()
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain(asdict(value))
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if not isinstance(v, bytes)}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def when(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def emit(
+    rows: Sequence[Any],
+    columns: Sequence[tuple[str, Callable[[Any], Any]]],
+    *,
+    as_json: bool,
+    title: str | None = None,
+) -> None:
+    """Print ``rows`` as a rich table for people, or as JSON for scripts."""
+    if as_json:
+        json.dump(_plain(list(rows)), sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name, _ in columns:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*(str(get(row)) for _, get in columns))
+    Console().print(table)
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration(text: str) -> float:
+    """``90``, ``90s``, ``15m``, ``12h``, ``7d`` or ``2w`` → seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if m is None:
+        raise typer.BadParameter(f"{text!r} is not a duration like 90s, 15m, 12h or 7d")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]

@@ -1,0 +1,160 @@
+"""``lakeshore worker start`` and ``lakeshore daemon start|update|ls|drain``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+
+from ..plane.model import DaemonRecord
+from .common import JsonOpt, PlaneOpt, TokenOpt, UrlOpt, emit, open_plane, when
+
+__all__ = ["daemon_app", "worker_app"]
+
+worker_app = typer.Typer(help="Run workers.", no_args_is_help=True)
+daemon_app = typer.Typer(
+    help="Fleet daemons: workers whose queues live on the plane.", no_args_is_help=True
+)
+
+QueuesOpt = Annotated[list[str], typer.Option("--queue", "-q", help="A queue to serve (repeat).")]
+ImportOpt = Annotated[
+    list[str] | None,
+    typer.Option("--import", help="A module each job process imports first (repeat)."),
+]
+ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Jobs run at once (one process each).")]
+LeaseOpt = Annotated[float, typer.Option(min=1.0, help="Lease seconds (heartbeats every third).")]
+
+
+@worker_app.command("start")
+def worker_start(
+    queue: QueuesOpt,
+    concurrency: ConcurrencyOpt = 1,
+    imports: ImportOpt = None,
+    lease: LeaseOpt = 60.0,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    plane: PlaneOpt = None,
+) -> None:
+    """Claim and run invocations of the queues until stopped.
+
+    The first Ctrl-C or SIGTERM stops claiming and lets running jobs finish; the
+    second stops at once and hands their leases back.
+    """
+    from ..worker.pool import ProcessWorker
+
+    with open_plane(url, token, plane) as dp:
+        worker = ProcessWorker(
+            dp, queue, concurrency=concurrency, imports=imports or [], lease_seconds=lease
+        )
+        typer.echo(
+            f"lakeshore worker {worker.worker_id}: serving {', '.join(queue)} "
+            f"on {dp.target} with {concurrency} slot(s)",
+            err=True,
+        )
+        done = worker.run()
+        typer.echo(f"lakeshore worker: stopped after {done} job(s)", err=True)
+
+
+@daemon_app.command("start")
+def daemon_start(
+    name: Annotated[str, typer.Option(help="The daemon's name; its identity survives restarts.")],
+    queue: Annotated[
+        list[str] | None, typer.Option("--queue", "-q", help="Queues for a first start.")
+    ] = None,
+    concurrency: ConcurrencyOpt = 1,
+    imports: ImportOpt = None,
+    lease: LeaseOpt = 60.0,
+    heartbeat: Annotated[float, typer.Option(min=0.1, help="Seconds between heartbeats.")] = 5.0,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    plane: PlaneOpt = None,
+) -> None:
+    """Run a fleet daemon: its queues and concurrency follow the plane's record."""
+    from ..worker.daemon import Daemon
+
+    with open_plane(url, token, plane) as dp:
+        daemon = Daemon(
+            dp,
+            name,
+            queues=queue or [],
+            concurrency=concurrency,
+            imports=imports or [],
+            lease_seconds=lease,
+            heartbeat_every=heartbeat,
+        )
+        rec = daemon.register()
+        serving = ", ".join(rec.queues) or "no queue yet"
+        typer.echo(f"lakeshore daemon {rec.id} ({name}): serving {serving}", err=True)
+        done = daemon.run()
+        typer.echo(f"lakeshore daemon {rec.id}: stopped after {done} job(s)", err=True)
+
+
+@daemon_app.command("update")
+def daemon_update(
+    daemon_id: Annotated[str, typer.Argument(help="The daemon's id (see daemon ls).")],
+    add_queue: Annotated[list[str] | None, typer.Option("--add-queue")] = None,
+    remove_queue: Annotated[list[str] | None, typer.Option("--remove-queue")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1)] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    plane: PlaneOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Change a running daemon's queues or concurrency (it follows within a heartbeat)."""
+    with open_plane(url, token, plane) as dp:
+        rec = dp.transport.update_daemon(
+            daemon_id,
+            add_queues=add_queue or [],
+            remove_queues=remove_queue or [],
+            concurrency=concurrency,
+        )
+        _print_daemons([rec], as_json)
+
+
+@daemon_app.command("ls")
+def daemon_ls(
+    url: UrlOpt = None, token: TokenOpt = None, plane: PlaneOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Daemons with their health, queues, concurrency and running jobs."""
+    with open_plane(url, token, plane) as dp:
+        _print_daemons(dp.transport.list_daemons(), as_json, now=dp.transport.now())
+
+
+@daemon_app.command("drain")
+def daemon_drain(
+    daemon_id: Annotated[str, typer.Argument()],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    plane: PlaneOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Ask a daemon to finish its running jobs, claim no more, and exit."""
+    with open_plane(url, token, plane) as dp:
+        _print_daemons([dp.transport.drain_daemon(daemon_id)], as_json)
+
+
+def _print_daemons(rows: Sequence[DaemonRecord], as_json: bool, now: float | None = None) -> None:
+    at = now or time.time()
+
+    def health(d: DaemonRecord) -> str:
+        age = at - d.last_heartbeat
+        if d.draining:
+            return "draining"
+        return "ok" if age < 60 else f"silent {age:.0f}s"
+
+    emit(
+        rows,
+        [
+            ("id", lambda d: d.id),
+            ("name", lambda d: d.name),
+            ("host", lambda d: d.host),
+            ("health", health),
+            ("queues", lambda d: ", ".join(d.queues) or "-"),
+            ("concurrency", lambda d: d.concurrency),
+            ("running", lambda d: d.running),
+            ("last heartbeat", lambda d: when(d.last_heartbeat)),
+        ],
+        as_json=as_json,
+    )

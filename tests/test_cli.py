@@ -1,0 +1,222 @@
+"""The ``lakeshore`` command line on a file plane: queues, exec, invocations, and workers
+and daemons as real processes (SIGTERM drain, kill -9 redelivery, live daemon update)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.cli.app import app
+from dreamlake.lakeshore.worker.pool import ProcessWorker
+
+HERE = Path(__file__).resolve().parent
+runner = CliRunner()
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.output
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def slow_square(x: int, seconds: float) -> int:
+    time.sleep(seconds)
+    return x * x
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> str:
+    return str(tmp_path / "plane.db")
+
+
+@contextmanager
+def thread_worker(plane: str, queue: str) -> Iterator[None]:
+    with dls.Dispatch(plane) as dp:
+        worker = ProcessWorker(dp, [queue], lease_seconds=3)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            worker.request_stop()
+            worker.request_stop()
+            thread.join(timeout=30)
+
+
+def spawn(*args: str) -> subprocess.Popen[bytes]:
+    """``lakeshore ARGS`` as a process (its output goes to this test's output)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+    return subprocess.Popen([sys.executable, "-m", "dreamlake.lakeshore.cli", *args], env=env)
+
+
+# --- queues ------------------------------------------------------------------------------
+
+
+def test_queue_verbs(plane: str) -> None:
+    assert (
+        run(
+            "queues",
+            "add",
+            "urgent",
+            "--kind",
+            "priority",
+            "--priority-field",
+            "p",
+            "--plane",
+            plane,
+        )[0]
+        == 0
+    )
+    code, out = run("queues", "add", "urgent", "--kind", "fifo", "--plane", plane)
+    assert code == 1 and "queue_mismatch" in out
+    code, out = run("queues", "ls", "--plane", plane, "--json")
+    assert code == 0
+    (row,) = json.loads(out)
+    assert (row["spec"]["name"], row["spec"]["kind"]) == ("urgent", "priority")
+    code, out = run("queues", "show", "urgent", "--plane", plane)
+    assert code == 0 and "priority_field: p" in out
+    assert run("queues", "prune", "--older-than", "7d", "--plane", plane) == (
+        0,
+        "pruned 0 queue(s)\n",
+    )
+    assert run("queues", "rm", "urgent", "--force", "--plane", plane)[0] == 0
+    assert json.loads(run("queues", "ls", "--plane", plane, "--json")[1]) == []
+    code, out = run("queues", "prune", "--older-than", "soon", "--plane", plane)
+    assert code == 2 and "not a duration" in out
+
+
+# --- exec and invocations --------------------------------------------------------------------
+
+
+def test_exec_streams_output_and_exits_with_the_remote_code(plane: str) -> None:
+    with thread_worker(plane, "sh"):
+        code, out = run(
+            "exec", "--plane", plane, "--queue", "sh", "echo hello; echo oops >&2; exit 3"
+        )
+    assert code == 3
+    assert "hello\n" in out and "oops\n" in out
+
+
+def test_exec_passes_env_and_cwd_and_detach_prints_the_id(plane: str, tmp_path: Path) -> None:
+    with thread_worker(plane, "sh"):
+        code, out = run(
+            "exec",
+            "--plane",
+            plane,
+            "-q",
+            "sh",
+            "-e",
+            "GREETING=hi",
+            "--cwd",
+            str(tmp_path),
+            'echo "$GREETING from $(pwd)"',
+        )
+        assert code == 0 and f"hi from {tmp_path}" in out
+        code, out = run("exec", "--plane", plane, "-q", "sh", "--detach", "echo later")
+        inv = out.strip()
+        assert code == 0 and len(inv) == 26
+        code, out = run("invocations", "wait", inv, "--plane", plane, "--timeout", "30")
+        assert code == 0 and "1 succeeded, 0 did not" in out
+        assert run("invocations", "logs", inv, "--plane", plane) == (0, "later\n")
+
+
+def test_invocation_verbs(plane: str) -> None:
+    with dls.Dispatch(plane) as dp:
+        q = dls.SyncQueue("jobs", dispatch=dp)
+        pending = q.submit(slow_square, 2, 0)
+        boom = q.exec("echo failing; exit 4")
+    code, out = run("invocations", "ls", "--queue", "jobs", "--plane", plane, "--json")
+    assert code == 0 and [r["state"] for r in json.loads(out)] == ["pending", "pending"]
+    assert run("invocations", "cancel", pending, "--plane", plane) == (0, f"{pending}: cancelled\n")
+    with thread_worker(plane, "jobs"):
+        assert run("invocations", "wait", boom, "--plane", plane, "--timeout", "30")[0] == 1
+    code, out = run("invocations", "show", boom, "--plane", plane)
+    assert code == 0 and "state: failed" in out and "CalledProcessError" in out
+    assert run("invocations", "logs", boom, "--plane", plane) == (0, "failing\n")
+    assert run("invocations", "retry", boom, "--plane", plane) == (0, f"{boom}: pending\n")
+    code, out = run("invocations", "show", "nope", "--plane", plane)
+    assert code == 1 and "unknown_invocation" in out
+
+
+# --- workers and daemons as processes ----------------------------------------------------------
+
+
+def test_sigterm_drains_a_worker_and_exits_0(plane: str) -> None:
+    with dls.Dispatch(plane) as dp:
+        q = dls.SyncQueue("drain", dispatch=dp)
+        inv = q.submit(slow_square, 7, 1.5)
+        worker = spawn("worker", "start", "-q", "drain", "--plane", plane)
+        try:
+            wait_for(lambda: q.status(inv) == "running")
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(timeout=30) == 0
+        finally:
+            worker.kill()
+        # the job in flight was finished, not abandoned
+        assert q.result(inv, timeout=1) == 49
+
+
+def test_a_killed_worker_s_job_is_redelivered_and_recorded_once(plane: str) -> None:
+    with dls.Dispatch(plane) as dp:
+        q = dls.SyncQueue("crashy", dispatch=dp)
+        inv = q.submit(slow_square, 8, 2)
+        first = spawn("worker", "start", "-q", "crashy", "--plane", plane, "--lease", "2")
+        try:
+            wait_for(lambda: q.status(inv) == "running")
+            first.kill()  # kill -9: no goodbye, the lease just runs out
+            first.wait(timeout=10)
+            second = spawn("worker", "start", "-q", "crashy", "--plane", plane, "--lease", "2")
+            try:
+                assert q.result(inv, timeout=60) == 64
+            finally:
+                second.send_signal(signal.SIGTERM)
+                second.wait(timeout=30)
+        finally:
+            first.kill()
+        rec = dp.transport.get(inv)
+        assert (rec.state.value, rec.attempt) == ("succeeded", 2)
+
+
+def test_daemon_update_adds_a_queue_to_a_running_daemon(plane: str, tmp_path: Path) -> None:
+    env_home = {"LAKESHORE_HOME": str(tmp_path / "home")}
+    os.environ.update(env_home)
+    try:
+        daemon = spawn("daemon", "start", "--name", "box", "--plane", plane, "--heartbeat", "0.2")
+        try:
+            with dls.Dispatch(plane) as dp:
+                wait_for(lambda: len(dp.transport.list_daemons()) == 1)
+                (rec,) = dp.transport.list_daemons()
+                q = dls.SyncQueue("new-work", dispatch=dp)
+                inv = q.submit(slow_square, 3, 0)
+                code, out = run(
+                    "daemon", "update", rec.id, "--add-queue", "new-work", "--plane", plane
+                )
+                assert code == 0 and "new-work" in out
+                assert q.result(inv, timeout=30) == 9
+                code, out = run("daemon", "ls", "--plane", plane, "--json")
+                assert json.loads(out)[0]["queues"] == ["new-work"]
+                assert run("daemon", "drain", rec.id, "--plane", plane)[0] == 0
+                assert daemon.wait(timeout=30) == 0
+        finally:
+            daemon.kill()
+    finally:
+        for key in env_home:
+            os.environ.pop(key, None)
