@@ -40,6 +40,8 @@ class BlobSource(Protocol):
     def inline_limit(self) -> int: ...
 
 
+#: the error type of a call this worker cannot load (no exception underneath)
+_LOAD_ERROR = "dreamlake.lakeshore.CannotLoad"
 #: how many loaded functions a worker keeps, by digest
 _FN_CACHE = 256
 
@@ -81,9 +83,11 @@ class Executor:
             env = decode_payload(claim.payload)
             call, prefer_msgpack = self._load(env, on_output, on_spawn)
         except (_LoadError, InvalidRequest) as exc:
-            cause = exc.__cause__ if isinstance(exc, _LoadError) and exc.__cause__ else exc
-            error = encode_error(cause)
-            if isinstance(exc, _LoadError):
+            if isinstance(exc, _LoadError) and exc.__cause__ is None:
+                # nothing underneath to re-raise: the producer gets RemoteError
+                error = {"type": _LOAD_ERROR, "message": str(exc), "traceback": "", "pickled": None}
+            else:
+                error = encode_error(exc.__cause__ if isinstance(exc, _LoadError) else exc)
                 error["message"] = str(exc)
             return Outcome(ok=False, error=error, retryable=False)
         try:
@@ -125,6 +129,13 @@ class Executor:
         return (lambda: _run_exec(env, on_output, on_spawn)), True
 
     def _function(self, env: dict[str, Any]) -> Callable[..., Any]:
+        proto = env.get("proto")
+        if isinstance(proto, int) and proto > pickle.HIGHEST_PROTOCOL:
+            raise _LoadError(
+                f"the call was pickled with protocol {proto} (producer Python {env.get('py')}); "
+                f"this worker's Python {PY_VERSION} reads up to {pickle.HIGHEST_PROTOCOL}: "
+                "submit by reference, 'module:function', to cross versions"
+            )
         digest = env["fn"]
         fn = self._fns.get(digest)
         if fn is not None:
