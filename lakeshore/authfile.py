@@ -24,6 +24,7 @@ import os
 import re
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -204,7 +205,7 @@ def _parse(text: str, file: Path) -> dict[str, Any]:
     return {"default": default, "profiles": profiles}
 
 
-def _scalar(value: str, bad: Any) -> str:
+def _scalar(value: str, bad: Callable[[str], AuthFileError]) -> str:
     """A value: quoted (``"..."`` with ``\\`` escapes, or ``'...'``) or plain up to a
     `` #`` comment."""
     if value.startswith('"'):
@@ -233,6 +234,8 @@ def _scalar(value: str, bad: Any) -> str:
         if tail and not tail.startswith("#"):
             raise bad("text after a quoted value")
         return value[1:end].replace("''", "'")
+    if value.startswith("#"):
+        return ""
     comment = value.find(" #")
     return (value[:comment] if comment != -1 else value).strip()
 
@@ -274,7 +277,8 @@ def _write(file: Path, data: dict[str, Any]) -> None:
     file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(prefix=".auth-", suffix=".tmp", dir=file.parent)
     try:
-        os.fchmod(fd, 0o600)
+        if os.name == "posix":
+            os.fchmod(fd, 0o600)  # mkstemp's mode already; said here as the contract
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(_render(data))
             out.flush()

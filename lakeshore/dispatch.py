@@ -4,7 +4,12 @@
 
     Dispatch(":memory:")         a plane inside this process (SQLite in memory)
     Dispatch("./plane.db")       a plane in a file, shared by processes on this machine
-    Dispatch()                   LAKESHORE_URL if set, else the default local plane file
+    Dispatch("https://…", token="…")   a remote plane (HTTP API v1)
+    Dispatch()                   LAKESHORE_URL (+ LAKESHORE_TOKEN) if set, else the
+                                 auth.yml profile, else the default local plane file
+
+A remote URL given without a token takes LAKESHORE_TOKEN when it is LAKESHORE_URL,
+else the token auth.yml saved for that URL.
 
 The embedded plane has the remote semantics: calls and results are serialised exactly
 as they would be over HTTP, so code that passes here behaves the same on a deployed
@@ -20,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import config
+from . import authfile, config
 from .clock import Clock
 from .errors import QueueNotFound
 from .plane import Plane, QueueSpec, Submission
@@ -36,6 +41,8 @@ class QueueCreatedWarning(UserWarning):
 
 
 _announced = False
+#: the options ``Dispatch("https://…", **options)`` passes to the HTTP transport
+_HTTP_OPTIONS = frozenset({"timeout", "retries", "backoff", "max_backoff", "wait_timeout"})
 
 
 def _announce_default(path: Path) -> None:
@@ -43,7 +50,8 @@ def _announce_default(path: Path) -> None:
     if not _announced:
         _announced = True
         print(
-            f"lakeshore: no LAKESHORE_URL set; using the local plane file {path}",
+            f"lakeshore: no LAKESHORE_URL set and no auth.yml profile; "
+            f"using the local plane file {path}",
             file=sys.stderr,
         )
 
@@ -51,17 +59,33 @@ def _announce_default(path: Path) -> None:
 def open_transport(
     target: str, *, token: str | None, clock: Clock | None, options: Mapping[str, Any]
 ) -> Transport:
-    """The explicit factory: a target string → one :class:`Transport` implementation."""
+    """The explicit factory: a target string → one :class:`Transport` implementation.
+
+    ``http(s)://`` is a remote plane (options: ``timeout``, ``retries``, ``backoff``,
+    ``max_backoff``, ``wait_timeout``); anything else is an embedded plane's SQLite file.
+    """
     if target.startswith(("http://", "https://")):
-        raise ValueError(
-            f"{target!r}: this build of Lakeshore has no HTTP client yet; "
-            "use an embedded plane (':memory:' or a file path)"
-        )
+        from .http import HttpTransport
+
+        unknown = set(options) - _HTTP_OPTIONS
+        if unknown or clock is not None:
+            named = ", ".join(sorted(unknown | ({"clock"} if clock is not None else set())))
+            raise TypeError(f"{named}: options of an embedded plane, not of a remote one")
+        return HttpTransport(target, token, **options)
     if "://" in target:
         raise ValueError(f"unsupported plane address {target!r}")
     store_options = {k: options[k] for k in ("durability",) if k in options}
     plane_options = {k: v for k, v in options.items() if k not in store_options}
     return Plane(SqliteStore(target, **store_options), clock=clock, **plane_options)
+
+
+def _saved_token(url: str) -> str | None:
+    """The token for a plane URL given without one: LAKESHORE_TOKEN when the URL is
+    LAKESHORE_URL, else what auth.yml saved for it."""
+    cfg = config.settings()
+    if cfg.token and cfg.url and cfg.url.rstrip("/") == url.rstrip("/"):
+        return cfg.token
+    return authfile.token_for(url, path=cfg.auth_file)
 
 
 class Dispatch:
@@ -81,11 +105,16 @@ class Dispatch:
     ) -> None:
         if target is None:
             cfg = config.settings()
+            saved = None if cfg.url else authfile.resolve(path=cfg.auth_file)
             if cfg.url:
-                target, token = cfg.url, token or cfg.token
+                target = cfg.url
+            elif saved is not None:
+                target, token = saved[0], token or saved[1]
             else:
                 target = cfg.default_plane_path
                 _announce_default(target)
+        if token is None and str(target).startswith(("http://", "https://")):
+            token = _saved_token(str(target))
         self.target = str(target)
         self.transport: Transport = open_transport(
             self.target, token=token, clock=clock, options=plane_options

@@ -64,8 +64,10 @@ from .errors import (
 from .plane.model import (
     FINISHED,
     Claim,
+    DaemonRecord,
     HeartbeatAnswer,
     Invocation,
+    LogEntry,
     QueueSpec,
     State,
     Submission,
@@ -103,7 +105,11 @@ _COALESCE = 0.01
 _LINGER = 0.005
 #: a poller thread with nothing to watch for this long ends (and closes its connection)
 _IDLE_EXIT = 10.0
+#: room left for the pickle envelope around arguments kept inline (the plane's
+#: ``inline_payload`` bounds the whole payload; the SDK compares the arguments alone)
+_ENVELOPE_ROOM = 1024
 _QUEUE_FIELDS = frozenset(f.name for f in fields(QueueSpec))
+_DAEMON_FIELDS = frozenset(f.name for f in fields(DaemonRecord))
 
 _T = TypeVar("_T")
 _Origin = tuple[str, str, int]
@@ -299,6 +305,11 @@ class HttpTransport:
         self.hello()
         return time.time() + self._offset
 
+    def inline_limit(self) -> int:
+        """Bytes of arguments or result kept inline: the plane's ``inline_payload``,
+        less room for the envelope around them."""
+        return max(0, self.limits.inline_payload - _ENVELOPE_ROOM)
+
     # ------------------------------------------------------------------ queues
     def ensure_queue(
         self, spec: QueueSpec, *, create: bool = True, check: Iterable[str] = ()
@@ -396,6 +407,23 @@ class HttpTransport:
         answer = self._call("PATCH", f"/v1/invocations/{_seg(inv_id)}", {"priority": priority})
         return _invocation(answer["invocation"], self.now())
 
+    def retry(self, inv_id: str) -> Invocation:
+        answer = self._call("POST", f"/v1/invocations/{_seg(inv_id)}/retry")
+        return _invocation(answer["invocation"], self.now())
+
+    def list_invocations(
+        self, queue: str, state: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[Invocation]:
+        """A queue's invocations by id after the id ``after`` (views carry no result)."""
+        query = {"queue": queue, "limit": str(limit)}
+        if state is not None:
+            query["state"] = state
+        if after is not None:
+            query["cursor"] = after
+        answer = self._call("GET", "/v1/invocations", query=query)
+        now = self.now()
+        return [_invocation(v, now) for v in answer.get("invocations") or ()]
+
     def _wait(self, ids: list[str], timeout: float) -> list[Invocation]:
         answer = self._call(
             "POST", "/v1/invocations/wait", {"ids": ids, "timeout": timeout}, wait=timeout
@@ -469,6 +497,102 @@ class HttpTransport:
         item = {"id": inv_id, "lease_token": lease_token, "error": error, "retryable": retryable}
         answer = _item_ok(_only_answer(self._call("POST", "/v1/failures", {"failures": [item]})))
         return State(answer["state"])
+
+    def release(self, inv_id: str, lease_token: str) -> None:
+        """Hand a claim back untried; raises the item's error (``LeaseLost``)."""
+        body = {"leases": [{"id": inv_id, "lease_token": lease_token}]}
+        _item_ok(_only_answer(self._call("POST", "/v1/releases", body)))
+
+    def report_progress(
+        self, inv_id: str, lease_token: str, fraction: float, message: str | None = None
+    ) -> None:
+        body = {"id": inv_id, "lease_token": lease_token, "fraction": fraction, "message": message}
+        self._call("POST", "/v1/progress", body)
+
+    def append_logs(
+        self, inv_id: str, lease_token: str, chunks: Sequence[tuple[int, str, str]]
+    ) -> None:
+        """Send output chunks, ``max_batch`` a call (a resent chunk is kept once)."""
+        rows = [[n, stream, text] for n, stream, text in chunks]
+        for batch in _size_batches(rows, self.limits.max_batch, self.limits.max_body):
+            body = {"id": inv_id, "lease_token": lease_token, "chunks": batch}
+            self._call("POST", "/v1/logs", body)
+
+    def read_logs(self, inv_id: str, after: int = 0, limit: int = 1000) -> list[LogEntry]:
+        query = {"after": str(after), "limit": str(limit)}
+        answer = self._call("GET", f"/v1/invocations/{_seg(inv_id)}/logs", query=query)
+        return [_log_entry(e) for e in answer.get("entries") or ()]
+
+    # ------------------------------------------------------------------ daemons
+    def register_daemon(
+        self,
+        name: str,
+        *,
+        daemon_id: str | None = None,
+        queues: Sequence[str] = (),
+        concurrency: int = 1,
+        python: str = "",
+        pickle_protocols: Sequence[int] = (),
+        host: str = "",
+    ) -> DaemonRecord:
+        body: dict[str, Any] = {
+            "name": name,
+            "queues": list(queues),
+            "concurrency": concurrency,
+            "python": python,
+            "pickle_protocols": list(pickle_protocols),
+            "host": host,
+        }
+        if daemon_id is not None:
+            body["id"] = daemon_id
+        return _daemon(self._call("POST", "/v1/daemons", body)["daemon"])
+
+    def daemon_heartbeat(self, daemon_id: str, running: int | None = None) -> DaemonRecord:
+        body = {} if running is None else {"running": running}
+        path = f"/v1/daemons/{_seg(daemon_id)}/heartbeat"
+        return _daemon(self._call("POST", path, body)["daemon"])
+
+    def list_daemons(self) -> list[DaemonRecord]:
+        return [_daemon(d) for d in self._call("GET", "/v1/daemons")["daemons"]]
+
+    def update_daemon(
+        self,
+        daemon_id: str,
+        *,
+        add_queues: Sequence[str] = (),
+        remove_queues: Sequence[str] = (),
+        concurrency: int | None = None,
+    ) -> DaemonRecord:
+        body: dict[str, Any] = {
+            "add_queues": list(add_queues),
+            "remove_queues": list(remove_queues),
+        }
+        if concurrency is not None:
+            body["concurrency"] = concurrency
+        return _daemon(self._call("PATCH", f"/v1/daemons/{_seg(daemon_id)}", body)["daemon"])
+
+    def drain_daemon(self, daemon_id: str) -> DaemonRecord:
+        return _daemon(self._call("POST", f"/v1/daemons/{_seg(daemon_id)}/drain")["daemon"])
+
+    # ------------------------------------------------------------------ data keys
+    # Not in docs/api.md yet; these are the routes proposed for it.
+    def put_data(self, key: str, digest: str) -> None:
+        """Point ``key`` at an uploaded blob (``POST /v1/data``)."""
+        self._call("POST", "/v1/data", {"key": key, "digest": digest})
+
+    def data_digests(self, keys: Sequence[str]) -> dict[str, str]:
+        """The digests of the keys that exist (``POST /v1/data/lookup``)."""
+        found: dict[str, str] = {}
+        for batch in _batches(list(keys), self.limits.max_batch):
+            answer = self._call("POST", "/v1/data/lookup", {"keys": list(batch)})
+            found.update({str(k): str(d) for k, d in (answer.get("digests") or {}).items()})
+        return found
+
+    def blob_url(self, digest: str) -> str:
+        """A URL that serves the blob without a token (``GET /v1/blobs/{digest}/url``);
+        a relative one is made absolute on this plane's base URL."""
+        url = str(self._call("GET", f"/v1/blobs/{digest}/url")["url"])
+        return self.base_url + url if url.startswith("/") and not url.startswith("//") else url
 
     # ------------------------------------------------------------------ blobs
     def missing_blobs(self, digests: Iterable[str]) -> set[str]:
@@ -658,7 +782,7 @@ class HttpTransport:
 
     def _backoff(self, attempt: int) -> float:
         """Capped exponential backoff with jitter: half fixed, half random."""
-        ceiling = min(self.max_backoff, self.backoff * (2**attempt))
+        ceiling = min(self.max_backoff, self.backoff * 2.0**attempt)
         return ceiling / 2 + random.uniform(0, ceiling / 2)
 
     def _target(self, path: str, query: Mapping[str, str] | None = None) -> _Target:
@@ -803,6 +927,9 @@ class _Watches:
         poller.thread.start()
         return poller
 
+    def stopping(self) -> bool:
+        return self.closed
+
     def sleep(self, seconds: float) -> None:
         """Sleep, cut short only by close()."""
         deadline = time.monotonic() + seconds
@@ -882,7 +1009,7 @@ class _Poller:
                 continue
             # Snapshot only once connected: a kick can then always reach the socket.
             with hub.cond:
-                if hub.closed:
+                if hub.stopping():
                     return
                 snapshot = frozenset(self.ids)
                 if not snapshot:
@@ -1033,7 +1160,7 @@ def _date_offset(value: str | None, middle: float) -> float:
     return offset if abs(offset) > 1.0 else 0.0
 
 
-def _size_batches(items: list[dict[str, Any]], count: int, max_body: int) -> Iterator[list[Any]]:
+def _size_batches(items: Sequence[Any], count: int, max_body: int) -> Iterator[list[Any]]:
     """Items in runs of at most ``count`` whose encoding stays within ``max_body``."""
     budget = max(1, max_body - 1024)  # room for the envelope around the list
     run: list[Any] = []
@@ -1108,6 +1235,8 @@ def _invocation(view: Mapping[str, Any], now: float) -> Invocation:
         expires_at=expires_at,
         result=bytes(result) if result is not None else None,
         error=view.get("error"),
+        progress=_opt_float(view.get("progress")),
+        progress_message=view.get("progress_message"),
     )
 
 
@@ -1121,6 +1250,20 @@ def _claim(raw: Mapping[str, Any]) -> Claim:
         attempt=int(raw["attempt"]),
         timeout=_opt_float(raw.get("timeout")),
     )
+
+
+def _log_entry(raw: Mapping[str, Any]) -> LogEntry:
+    return LogEntry(
+        seq=int(raw["seq"]),
+        stream=str(raw["stream"]),
+        text=str(raw["text"]),
+        at=float(raw["at"]),
+        attempt=int(raw["attempt"]),
+    )
+
+
+def _daemon(raw: Mapping[str, Any]) -> DaemonRecord:
+    return DaemonRecord(**{k: v for k, v in raw.items() if k in _DAEMON_FIELDS})
 
 
 def _only_answer(answer: Mapping[str, Any]) -> dict[str, Any]:

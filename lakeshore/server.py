@@ -59,7 +59,7 @@ log = logging.getLogger("dreamlake.lakeshore.server")
 
 #: threads answering requests: every one may sit in a long poll for up to max_wait
 DEFAULT_THREADS = 512
-#: request body limit when the service advertises none (API Gateway's own is 10 MB)
+#: request body limit of a bare PlaneASGI (LocalServer uses the service's ``max_body``)
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 #: seconds in-flight requests get to finish once a stop is asked (long polls are cut)
 GRACEFUL_SECONDS = 1.0
@@ -90,7 +90,7 @@ def _per_thread_class(cls: type) -> type:
     goes unread).
     """
 
-    class PerThread(cls):  # type: ignore[valid-type,misc]
+    class PerThread(cls):  # type: ignore[misc]
         def _slot(self) -> threading.local:
             return cast(threading.local, self.__dict__["_lakeshore_local"])
 
@@ -134,7 +134,7 @@ def _per_thread_class(cls: type) -> type:
 
         def resolve(self, event: Mapping[str, Any], context: Any) -> dict[str, Any]:
             slot = self._slot()
-            slot.current_event = self._to_proxy_event(dict(event))
+            slot.current_event = self._to_proxy_event(event)
             slot.lambda_context = context
             try:
                 return cast(dict[str, Any], super().resolve(event, context))
@@ -411,14 +411,6 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _service_max_body(service: Any) -> int:
-    limits = getattr(service, "limits", None)
-    value = (
-        limits.get("max_body") if isinstance(limits, Mapping) else getattr(limits, "max_body", None)
-    )
-    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_MAX_BODY
-
-
 class LocalServer:
     """A plane in a SQLite file, served over HTTP by uvicorn in a background thread.
 
@@ -473,19 +465,21 @@ class LocalServer:
                 self.admin_token, _ = create_token(self.plane, "admin", name="lakeshore serve")
             self.asgi = PlaneASGI(
                 thread_safe(make_app(service)),
-                max_body=_service_max_body(service),
+                max_body=service.limits.max_body,
                 threads=self.threads,
             )
             config = uvicorn.Config(
                 self.asgi,
                 http="httptools",
-                loop="uvloop",
+                loop="auto",  # uvloop where it exists
                 ws="none",
                 lifespan="off",
                 log_config=None,
                 access_log=self.access_log,
                 server_header=False,
                 timeout_graceful_shutdown=int(GRACEFUL_SECONDS) or 1,
+                # idle SDK connections stay open between calls (the client reopens anyway)
+                timeout_keep_alive=65,
                 backlog=2048,
             )
             self.uvicorn = server = uvicorn.Server(config)
@@ -499,6 +493,7 @@ class LocalServer:
                     raise RuntimeError(f"lakeshore serve did not start on {self.url}")
                 time.sleep(0.005)
         except BaseException:
+            self.request_stop()
             sock.close()
             self._close_plane()
             raise

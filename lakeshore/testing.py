@@ -65,9 +65,7 @@ _JOIN_SECONDS = 30.0
 class WorkerGroup:
     """Worker threads serving one queue; :meth:`stop` ends and joins them."""
 
-    def __init__(
-        self, queue: _QueueHandle, dispatch: Dispatch, count: int, *, poll: float = 0.05
-    ) -> None:
+    def __init__(self, queue: _QueueHandle, dispatch: Dispatch, count: int, **options: Any) -> None:
         self.queue = queue
         self.dispatch = dispatch
         self._stop = threading.Event()
@@ -77,7 +75,7 @@ class WorkerGroup:
         self._lock = threading.Lock()
         self.threads = [
             threading.Thread(
-                target=self._run, args=(poll,), name=f"lakeshore-worker-{queue.name}-{i}"
+                target=self._run, args=(options,), name=f"lakeshore-worker-{queue.name}-{i}"
             )
             for i in range(count)
         ]
@@ -85,9 +83,9 @@ class WorkerGroup:
             t.daemon = True
             t.start()
 
-    def _run(self, poll: float) -> None:
+    def _run(self, options: dict[str, Any]) -> None:
         try:
-            ran = run_worker(self.queue, stop=self._stop.is_set, dispatch=self.dispatch, poll=poll)
+            ran = run_worker(self.queue, stop=self._stop.is_set, dispatch=self.dispatch, **options)
         except BaseException as exc:
             with self._lock:
                 self.errors.append(exc)
@@ -96,15 +94,18 @@ class WorkerGroup:
                 self.ran.append(ran)
 
     def stop(self, timeout: float = _JOIN_SECONDS) -> None:
-        """Stop claiming, let jobs in hand finish, join; raise what ended a thread."""
+        """Stop claiming, let jobs in hand finish, join; raise what ended a thread
+        (once: stopping again after that is a no-op)."""
         self._stop.set()
         for t in self.threads:
             t.join(timeout)
         alive = [t.name for t in self.threads if t.is_alive()]
         if alive:
             raise RuntimeError(f"worker threads still running after {timeout}s: {alive}")
-        if self.errors:
-            raise self.errors[0]
+        with self._lock:
+            errors, self.errors = self.errors, []
+        if errors:
+            raise errors[0]
 
 
 class LakeshoreServer:
@@ -147,9 +148,9 @@ class LakeshoreServer:
 _GROUPS = pytest.StashKey[list[WorkerGroup]]()
 
 
-def _stop_workers(node: pytest.Item, dispatch: Dispatch | None = None) -> None:
+def _stop_workers(stash: pytest.Stash, dispatch: Dispatch | None = None) -> None:
     """Stop the test's worker groups (those on ``dispatch`` only, when given)."""
-    groups = node.stash.get(_GROUPS, [])
+    groups = stash.get(_GROUPS, [])
     mine = [g for g in groups if dispatch is None or g.dispatch is dispatch]
     for group in mine:
         groups.remove(group)
@@ -169,7 +170,7 @@ def lakeshore_plane(request: pytest.FixtureRequest) -> Iterator[Dispatch]:
     dp = Dispatch(":memory:")
     yield dp
     try:
-        _stop_workers(request.node, dp)
+        _stop_workers(request.node.stash, dp)
     finally:
         dp.close()
 
@@ -189,10 +190,8 @@ def lakeshore_server(
             yield server
         finally:
             try:
-                groups = request.node.stash.get(_GROUPS, [])
                 for dp in server._dispatches:
-                    if any(g.dispatch is dp for g in groups):
-                        _stop_workers(request.node, dp)
+                    _stop_workers(request.node.stash, dp)
             finally:
                 server.close()
 
@@ -220,4 +219,4 @@ def lakeshore_worker(
         return group
 
     yield start
-    _stop_workers(request.node)
+    _stop_workers(request.node.stash)

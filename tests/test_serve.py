@@ -1,0 +1,389 @@
+"""``lakeshore serve``: the plane over HTTP on one machine.
+
+The command runs as a real subprocess on a free loopback port; the adapter's finer
+points (threads, Nagle, a busy pool, a stop during long polls) are checked in-process
+through :class:`~dreamlake.lakeshore.server.LocalServer`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dreamlake.lakeshore.server import LocalServer, serve_in_thread
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def connect(url: str, timeout: float = 30.0) -> http.client.HTTPConnection:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    return http.client.HTTPConnection(host, int(port), timeout=timeout)
+
+
+def request(
+    conn: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    token: str | None = None,
+    raw: bytes | None = None,
+) -> tuple[int, dict[str, str], Any]:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=data, headers=headers)
+    answer = conn.getresponse()
+    payload = answer.read()
+    parsed = json.loads(payload) if payload else None
+    return answer.status, {k.lower(): v for k, v in answer.getheaders()}, parsed
+
+
+def make_token(url: str, admin: str, role: str, queues: list[str] | None = None) -> str:
+    conn = connect(url)
+    body = {"role": role, "queues": queues or ["*"]}
+    status, _, answer = request(conn, "POST", "/v1/tokens", body, token=admin)
+    conn.close()
+    assert status == 200, answer
+    return str(answer["token"])
+
+
+@dataclass
+class Served:
+    """A ``lakeshore serve`` subprocess and what it printed."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    token: str | None
+    lines: list[str] = field(default_factory=list)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15.0) -> tuple[int, str]:
+        self.proc.send_signal(sig)
+        rest, _ = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, "".join(self.lines) + rest
+
+
+def start_serve(plane: Path, *args: str) -> Served:
+    """Start ``lakeshore serve --port 0`` and read its URL (and token) from stdout."""
+    script = Path(sys.executable).with_name("lakeshore")
+    command = (
+        [str(script)]
+        if script.exists()
+        else [sys.executable, "-c", "from dreamlake.lakeshore.cli import main; main()"]
+    )
+    proc = subprocess.Popen(
+        [*command, "serve", "--port", "0", "--plane", str(plane), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+    seen: list[str] = []
+
+    def banner_done(line: str) -> bool:
+        return "export LAKESHORE_URL" in line or "not shown" in line
+
+    def pump() -> None:  # read up to the banner's end; stop() reads the rest
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+            if banner_done(line):
+                return
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.1)
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        seen.append(line)
+        if banner_done(line):
+            text = "".join(seen)
+            url = re.search(r"serving at (http://\S+)", text)
+            token = re.search(r"admin token: (lks_\S+)", text)
+            assert url is not None, text
+            return Served(proc, url.group(1), token.group(1) if token else None, seen)
+    proc.kill()
+    out, _ = proc.communicate()
+    pytest.fail(f"lakeshore serve did not start:\n{''.join(seen)}{out}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """One `lakeshore serve` for the module's tests (a fresh plane: its token is printed)."""
+    server = start_serve(tmp_path_factory.mktemp("serve") / "plane.db")
+    yield server
+    code, out = server.stop()
+    assert code == 0, out
+
+
+# --- the command --------------------------------------------------------------------------------
+
+
+def test_serve_prints_its_url_and_the_first_admin_token_once(served: Served) -> None:
+    text = "".join(served.lines)
+    assert served.url.startswith("http://127.0.0.1:")
+    assert served.token is not None and served.token.startswith("lks_")
+    assert "shown only now" in text
+    assert f"export LAKESHORE_URL={served.url} LAKESHORE_TOKEN={served.token}" in text
+
+
+def test_hello_needs_a_token(served: Served) -> None:
+    conn = connect(served.url)
+    status, _, body = request(conn, "GET", "/v1/hello", token=served.token)
+    assert status == 200
+    assert body["identity"]["role"] == "admin" and body["server"] == "lakeshore serve"
+    status, headers, body = request(conn, "GET", "/v1/hello")
+    assert status == 401 and body["error"]["code"] == "unauthorized"
+    assert headers["content-type"].startswith("application/json")
+    status, _, body = request(conn, "GET", "/v1/hello", token="lks_0000_wrong")
+    assert status == 401
+    conn.close()
+
+
+def test_a_body_over_the_limit_is_413_and_the_connection_stays_usable(served: Served) -> None:
+    conn = connect(served.url)
+    _, _, hello = request(conn, "GET", "/v1/hello", token=served.token)
+    limit = hello["limits"]["max_body"]
+    # With a Content-Length over the limit: refused before the body is read
+    status, _, body = request(
+        conn, "POST", "/v1/invocations", token=served.token, raw=b"x" * (limit + 1)
+    )
+    assert status == 413 and body["error"]["code"] == "payload_too_large"
+    assert request(conn, "GET", "/v1/hello", token=served.token)[0] == 200
+    # Chunked (no Content-Length): refused once it passes the limit
+    chunks = (b"y" * 65536 for _ in range(limit // 65536 + 2))
+    conn.request(
+        "POST",
+        "/v1/invocations",
+        body=chunks,
+        headers={"Authorization": f"Bearer {served.token}", "Content-Type": "application/json"},
+        encode_chunked=True,
+    )
+    answer = conn.getresponse()
+    assert answer.status == 413, answer.read()
+    conn.close()
+    # Exactly at the limit the adapter lets it through (this one is not JSON: 400)
+    conn = connect(served.url)
+    status, _, body = request(conn, "POST", "/v1/invocations", token=served.token, raw=b"x" * limit)
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    conn.close()
+
+
+def test_200_workers_long_poll_at_once_without_errors(served: Served) -> None:
+    # Given a worker token and an empty queue
+    assert served.token is not None
+    worker = make_token(served.url, served.token, "worker")
+    conn = connect(served.url)
+    assert request(conn, "POST", "/v1/queues", {"name": "idle"}, token=worker)[0] == 200
+    conn.close()
+    # When 200 workers claim from it at the same moment, each waiting 2 s
+    n, results = 200, []
+    lock = threading.Lock()
+    barrier = threading.Barrier(n)
+
+    def claim(i: int) -> None:
+        conn = connect(served.url)
+        barrier.wait()
+        began = time.monotonic()
+        try:
+            body = {"queues": ["idle"], "worker": f"w{i}", "wait": 2}
+            status, _, answer = request(conn, "POST", "/v1/claims", body, token=worker)
+            outcome: Any = (status, answer, time.monotonic() - began)
+        except Exception as exc:
+            outcome = (None, repr(exc), time.monotonic() - began)
+        finally:
+            conn.close()
+        with lock:
+            results.append(outcome)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(n)]
+    began = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    elapsed = time.monotonic() - began
+    # Then every one waited its 2 s and got an empty answer, none an error
+    failures = [r for r in results if r[0] != 200 or r[1] != {"claims": []}]
+    assert len(results) == n and not failures, failures[:3]
+    assert min(r[2] for r in results) > 1.8
+    assert elapsed < 20, f"200 waiters took {elapsed:.1f}s"
+    print(f"200 concurrent 2 s long polls: all 200 OK in {elapsed:.2f}s")
+
+
+def test_round_trips_are_not_delayed_by_nagle(served: Served) -> None:
+    # Nagle + delayed ACKs would cost ~40 ms per request on a keep-alive connection.
+    conn = connect(served.url)
+    times = []
+    for _ in range(200):
+        began = time.perf_counter()
+        status, _, _ = request(conn, "GET", "/v1/hello", token=served.token)
+        times.append(time.perf_counter() - began)
+        assert status == 200
+    conn.close()
+    times.sort()
+    p50 = times[len(times) // 2]
+    assert p50 < 0.02, f"p50 round trip {p50 * 1000:.1f} ms"
+    print(f"keep-alive /v1/hello p50: {p50 * 1000:.2f} ms")
+
+
+def test_sigterm_and_ctrl_c_stop_cleanly_and_a_restart_keeps_tokens(tmp_path: Path) -> None:
+    plane = tmp_path / "plane.db"
+    first = start_serve(plane)
+    assert first.token is not None
+    # Long polls in flight (a claim, a result wait) do not hold the stop up: each is
+    # answered 503 (retry) at once, and the process exits
+    worker = make_token(first.url, first.token, "worker")
+    producer = make_token(first.url, first.token, "producer")
+    conn = connect(first.url)
+    sub = {"invocations": [{"queue": "idle", "ref": "math:sqrt", "args": [4]}]}
+    ids = request(conn, "POST", "/v1/invocations", sub, token=producer)[2]["ids"]
+    conn.close()
+    calls = [
+        ("/v1/claims", {"queues": ["other"], "worker": "w", "wait": 20}, worker),
+        ("/v1/invocations/wait", {"ids": ids, "timeout": 20}, producer),
+    ]
+    polled: list[Any] = []
+
+    def long_poll(path: str, body: dict[str, Any], token: str) -> None:
+        conn = connect(first.url)
+        try:
+            polled.append(request(conn, "POST", path, body, token=token))
+        finally:
+            conn.close()
+
+    pollers = [threading.Thread(target=long_poll, args=call) for call in calls]
+    for t in pollers:
+        t.start()
+    time.sleep(0.5)
+    began = time.monotonic()
+    code, out = first.stop(signal.SIGTERM)
+    for t in pollers:
+        t.join(10)
+    assert code == 0, out
+    assert time.monotonic() - began < 10
+    assert [answer[0] for answer in polled] == [503, 503]
+    assert all(answer[2]["error"]["code"] == "unavailable" for answer in polled)
+
+    # Restarted on the same plane: no token is shown, the old one still works
+    second = start_serve(plane)
+    assert second.token is None and "--new-admin-token" in "".join(second.lines)
+    conn = connect(second.url)
+    assert request(conn, "GET", "/v1/hello", token=first.token)[0] == 200
+    conn.close()
+    code, out = second.stop(signal.SIGINT)
+    assert code == 0, out
+
+    # --new-admin-token makes another, shown once
+    third = start_serve(plane, "--new-admin-token")
+    assert third.token is not None and third.token != first.token
+    conn = connect(third.url)
+    status, _, body = request(conn, "GET", "/v1/hello", token=third.token)
+    assert status == 200 and body["identity"]["role"] == "admin"
+    conn.close()
+    code, out = third.stop(signal.SIGTERM)
+    assert code == 0, out
+
+
+# --- the adapter, in-process ------------------------------------------------------------------
+
+
+def test_serve_in_thread_binds_a_free_port_and_reports_it(tmp_path: Path) -> None:
+    with serve_in_thread(tmp_path / "plane.db") as (url, token):
+        port = int(url.rsplit(":", 1)[1])
+        assert port > 0 and token is not None
+        conn = connect(url)
+        assert request(conn, "GET", "/v1/hello", token=token)[0] == 200
+        conn.close()
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        pass  # stopped: nothing listens there any more
+
+
+def test_accepted_sockets_have_nagle_off(tmp_path: Path) -> None:
+    with LocalServer(tmp_path / "plane.db") as server:
+        assert server.url and server.uvicorn is not None
+        conn = connect(server.url)
+        assert request(conn, "GET", "/v1/hello", token=server.admin_token)[0] == 200
+        connections = list(server.uvicorn.server_state.connections)
+        assert connections
+        for protocol in connections:
+            sock = protocol.transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        conn.close()
+
+
+def test_concurrent_requests_each_see_their_own_request(tmp_path: Path) -> None:
+    # Powertools keeps the current request on the class; the adapter makes it per thread.
+    with serve_in_thread(tmp_path / "plane.db") as (url, token):
+        wrong: list[Any] = []
+
+        def create(i: int) -> None:
+            conn = connect(url)
+            for k in range(10):
+                name = f"q{i}-{k}"  # a body of its own, then a path argument of its own
+                status, _, body = request(conn, "POST", "/v1/queues", {"name": name}, token=token)
+                if status != 200 or body["queue"]["name"] != name:
+                    wrong.append((name, status, body))
+                status, _, body = request(conn, "GET", f"/v1/queues/{name}", token=token)
+                if status != 200 or body["queue"]["name"] != name:
+                    wrong.append((name, status, body))
+            conn.close()
+
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not wrong, wrong[:3]
+
+
+def test_a_request_beyond_the_threads_is_503_at_once(tmp_path: Path) -> None:
+    with LocalServer(tmp_path / "plane.db", threads=2) as server:
+        assert server.admin_token is not None
+        worker = make_token(server.url, server.admin_token, "worker")
+        pollers = []
+        for i in range(2):
+            body = {"queues": ["idle"], "worker": f"w{i}", "wait": 1.5}
+
+            def poll(body: dict[str, Any] = body) -> None:
+                conn = connect(server.url)
+                request(conn, "POST", "/v1/claims", body, token=worker)
+                conn.close()
+
+            pollers.append(threading.Thread(target=poll))
+            pollers[-1].start()
+        deadline = time.monotonic() + 5
+        while server.asgi is not None and server.asgi.in_flight < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        conn = connect(server.url)
+        began = time.monotonic()
+        status, headers, body = request(conn, "GET", "/v1/hello", token=server.admin_token)
+        assert status == 503 and body["error"]["code"] == "unavailable"
+        assert headers["retry-after"] == "1" and time.monotonic() - began < 1
+        conn.close()
+        for t in pollers:
+            t.join(10)
