@@ -41,6 +41,7 @@ __all__ = [
     "decode_result",
     "encode_error",
     "encode_exec",
+    "encode_manifest",
     "encode_pickle_call",
     "encode_ref_call",
     "encode_result",
@@ -260,6 +261,11 @@ def encode_result(
     return data, {}
 
 
+def encode_manifest(value: str, keys: list[str]) -> bytes:
+    """A data UDF's result: the bare str it returned and the keys it names."""
+    return pack({"v": WIRE_VERSION, "kind": "data", "value": value, "keys": keys})
+
+
 def result_blob(data: bytes) -> str | None:
     """The digest of the blob a result envelope stands for, if it is one."""
     env = unpack(data)
@@ -274,6 +280,8 @@ def decode_result(data: bytes) -> Any:
         raise InvalidRequest("result envelope has an unknown version")
     if env.get("kind") == "msgpack":
         return env.get("data")
+    if env.get("kind") == "data":
+        return env.get("value")
     if env.get("kind") == "pickle":
         return pickle.loads(env["data"])
     raise InvalidRequest(f"unknown result kind {env.get('kind')!r}")

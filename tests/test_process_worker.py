@@ -31,9 +31,9 @@ def chatty(n: int) -> int:
     return n
 
 
-def sleepy(seconds: float) -> str:
+def sleepy(seconds: float) -> dict[str, bool]:
     time.sleep(seconds)
-    return "woke"
+    return {"woke": True}
 
 
 def segfault() -> None:

@@ -34,10 +34,10 @@ RAN: list[str] = []
 GATES: dict[str, tuple[threading.Event, threading.Event]] = {}
 
 
-def record(tag: str) -> str:
-    """A job that notes that it ran."""
+def record(tag: str) -> list[str]:
+    """A job that notes that it ran (a list: a bare str would be a data-key manifest)."""
     RAN.append(tag)
-    return tag
+    return [tag]
 
 
 def held(key: str, value: Any) -> Any:
@@ -48,10 +48,10 @@ def held(key: str, value: Any) -> Any:
     return value
 
 
-def overrun(seconds: float) -> str:
+def overrun(seconds: float) -> dict[str, bool]:
     """A job that works for a while (longer than the timeout it is given)."""
     time.sleep(seconds)
-    return "finished"
+    return {"finished": True}
 
 
 def thread_id() -> int:
@@ -266,7 +266,7 @@ def test_sync_queue_cancel_pending(q: dls.SyncQueue, workers: Callable[..., Any]
     # And a worker started afterwards never runs it (the next job goes first)
     workers()
     after = q.submit(record, "after")
-    assert q.result(after, timeout=WAIT) == "after"
+    assert q.result(after, timeout=WAIT) == ["after"]
     assert RAN == ["after"]
     assert q.status(inv) == "cancelled"
 
@@ -381,7 +381,7 @@ def test_priority_option(dispatch: dls.Dispatch) -> None:
         assert dls.run_worker(pq, once=True) == 1
     # Then the highest priority ran first
     assert RAN == ["high", "mid", "low"]
-    assert [pq.result(i, timeout=WAIT) for i in (low, high, mid)] == ["low", "high", "mid"]
+    assert [pq.result(i, timeout=WAIT) for i in (low, high, mid)] == [["low"], ["high"], ["mid"]]
 
 
 def test_delay_option(
@@ -396,7 +396,7 @@ def test_delay_option(
     assert q.status(later) == "scheduled"
     assert rec.available_at == pytest.approx(rec.created_at + WAIT)
     # And the brief one runs once due, not before
-    assert q.result(soon, timeout=WAIT) == "soon"
+    assert q.result(soon, timeout=WAIT) == ["soon"]
     done = dispatch.transport.get(soon)
     assert done.started_at is not None and done.started_at >= done.available_at
     # And the long one is still waiting, and can be cancelled
@@ -480,8 +480,8 @@ def test_idempotency_key_option(
         q.submit(record, "other", _idempotency_key="job-42")
     # When a worker drains the queue (a later job proves it got past any duplicate)
     workers()
-    assert q.result(first, timeout=WAIT) == "once"
-    assert q.result(q.submit(record, "after"), timeout=WAIT) == "after"
+    assert q.result(first, timeout=WAIT) == ["once"]
+    assert q.result(q.submit(record, "after"), timeout=WAIT) == ["after"]
     # Then the call ran once
     assert RAN == ["once", "after"]
     assert q.result(same_via_udf, timeout=WAIT) == 9
@@ -588,7 +588,7 @@ def test_result_timeout_leaves_the_invocation_going(
     workers()
     assert q.result(pending, timeout=WAIT) == 32
     gate = Gate()
-    running = q.submit(held, gate.key, "eventually")
+    running = q.submit(held, gate.key, ["eventually"])
     gate.wait_started()
     # When waits for it run out, blocking and awaiting
     with pytest.raises(TimeoutError):
@@ -599,7 +599,7 @@ def test_result_timeout_leaves_the_invocation_going(
     # Then it is still running, and its result comes once it finishes
     assert q.status(running) == "running"
     gate.release.set()
-    assert q.result(running, timeout=WAIT) == "eventually"
+    assert q.result(running, timeout=WAIT) == ["eventually"]
 
 
 def test_unknown_id_is_reported_at_once(dispatch: dls.Dispatch, q: dls.SyncQueue) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Protocol, cast
 from ..errors import InvalidRequest, SerializationError
 from ..plane.model import Claim
 from ..progress import Reporter, reporting
-from ..wire import PY_VERSION, decode_payload, encode_error, encode_result
+from ..wire import PY_VERSION, decode_payload, encode_error, encode_manifest, encode_result
 
 __all__ = ["BlobSource", "Executor", "Outcome", "OutputHook"]
 
@@ -55,6 +55,8 @@ class Outcome:
     error: dict[str, Any] | None = None
     #: a raise may be retried by policy; a payload that cannot load may not
     retryable: bool = True
+    #: a data UDF's keys (it returned a bare str), to check before recording
+    manifest: list[str] | None = None
 
 
 class _LoadError(Exception):
@@ -83,11 +85,12 @@ class Executor:
             env = decode_payload(claim.payload)
             call, prefer_msgpack = self._load(env, on_output, on_spawn)
         except (_LoadError, InvalidRequest) as exc:
-            if isinstance(exc, _LoadError) and exc.__cause__ is None:
+            underneath = exc.__cause__ if isinstance(exc, _LoadError) else exc
+            if underneath is None:
                 # nothing underneath to re-raise: the producer gets RemoteError
                 error = {"type": _LOAD_ERROR, "message": str(exc), "traceback": "", "pickled": None}
             else:
-                error = encode_error(exc.__cause__ if isinstance(exc, _LoadError) else exc)
+                error = encode_error(underneath)
                 error["message"] = str(exc)
             return Outcome(ok=False, error=error, retryable=False)
         try:
@@ -97,6 +100,9 @@ class Executor:
                     value = asyncio.run(_await(value))
         except (Exception, SystemExit) as exc:  # a job calling sys.exit() must not end us
             return Outcome(ok=False, error=encode_error(exc))
+        if isinstance(value, str):
+            keys = [line.strip() for line in value.splitlines() if line.strip()]
+            return Outcome(ok=True, result=encode_manifest(value, keys), manifest=keys)
         try:
             limit = self._source.inline_limit()
             data, blobs = encode_result(value, prefer_msgpack=prefer_msgpack, inline_limit=limit)

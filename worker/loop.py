@@ -13,12 +13,13 @@ import threading
 from collections.abc import Callable, Sequence
 
 from ..dispatch import Dispatch
-from ..errors import LakeshoreError, LeaseLost, UnknownInvocation
+from ..errors import LakeshoreError
 from ..plane.model import Claim
 from ..progress import Reporter
 from ..queue import _QueueHandle
 from ..transport import Transport
 from .execute import Executor
+from .report import report
 
 __all__ = ["run_worker"]
 
@@ -117,18 +118,7 @@ def run_worker(
                 beat.hold(claim)
                 outcome = executor.run(claim, progress=_progress_to(transport, claim))
                 beat.hold(None)
-                try:
-                    if outcome.ok:
-                        assert outcome.result is not None
-                        dp.upload(outcome.blobs)
-                        transport.complete(claim.id, claim.lease_token, outcome.result)
-                    else:
-                        assert outcome.error is not None
-                        transport.fail(
-                            claim.id, claim.lease_token, outcome.error, retryable=outcome.retryable
-                        )
-                except (LeaseLost, UnknownInvocation):
-                    pass  # cancelled, expired and handed on, or removed: the plane decided
+                report(dp, claim, outcome)
                 ran += 1
             if once and ran:
                 break

@@ -33,7 +33,9 @@ from ..dispatch import Dispatch
 from ..errors import LakeshoreError
 from ..plane.model import Claim
 from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload
+from .execute import Outcome
 from .loop import default_worker_id
+from .report import report
 
 __all__ = ["ProcessWorker"]
 
@@ -297,9 +299,9 @@ class ProcessWorker:
             with contextlib.suppress(LakeshoreError):
                 self.transport.report_progress(claim.id, claim.lease_token, msg[2], msg[3])
         elif kind == "done":
-            _, _, ok, result, blobs, error, retryable, rss_mb = msg
+            _, _, outcome, rss_mb = msg
             self._flush_output(slot)
-            self._finish(slot, ok, result, blobs, error, retryable)
+            self._finish(slot, outcome)
             slot.jobs += 1
             recycle = (self.max_jobs_per_child and slot.jobs >= self.max_jobs_per_child) or (
                 self.max_child_rss_mb and rss_mb > self.max_child_rss_mb
@@ -308,29 +310,12 @@ class ProcessWorker:
                 self._retire(slot)
                 self._spawn(slot)
 
-    def _finish(
-        self,
-        slot: _Slot,
-        ok: bool,
-        result: bytes | None,
-        blobs: dict[str, bytes],
-        error: dict[str, Any] | None,
-        retryable: bool,
-    ) -> None:
+    def _finish(self, slot: _Slot, outcome: Outcome) -> None:
         claim = slot.claim
         assert claim is not None
         with self._lock:
             slot.claim, slot.deadline, slot.pgid = None, None, None
-        try:
-            if ok:
-                assert result is not None
-                self.dispatch.upload(blobs)
-                self.transport.complete(claim.id, claim.lease_token, result)
-            else:
-                assert error is not None
-                self.transport.fail(claim.id, claim.lease_token, error, retryable=retryable)
-        except LakeshoreError:
-            pass  # cancelled, timed out or handed on: the plane has decided
+        report(self.dispatch, claim, outcome)
         self.completed += 1
 
     def _died(self, slot: _Slot) -> None:
@@ -350,7 +335,7 @@ class ProcessWorker:
                 "traceback": "",
                 "pickled": None,
             }
-            self._finish(slot, False, None, {}, error, True)
+            self._finish(slot, Outcome(ok=False, error=error))
         elif claim is not None and reason == "timeout":
             error = {
                 "type": "dreamlake.lakeshore.InvocationTimeout",
@@ -358,7 +343,7 @@ class ProcessWorker:
                 "traceback": "",
                 "pickled": None,
             }
-            self._finish(slot, False, None, {}, error, True)
+            self._finish(slot, Outcome(ok=False, error=error))
         with self._lock:
             slot.claim, slot.deadline, slot.pgid = None, None, None
         if not self._cold.is_set():
@@ -518,18 +503,7 @@ def _child_main(conn: Any, imports: list[str], inline_limit: int) -> None:
         for digest in [d for d in source.blobs if d != _fn_of(claim)]:
             source.blobs.pop(digest, None)  # keep bodies only in the executor's cache
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        pipe.send(
-            (
-                "done",
-                job,
-                outcome.ok,
-                outcome.result,
-                outcome.blobs,
-                outcome.error,
-                outcome.retryable,
-                rss_mb,
-            )
-        )
+        pipe.send(("done", job, outcome, rss_mb))
 
 
 def _fn_of(claim: Claim) -> str | None:

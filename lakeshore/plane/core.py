@@ -33,9 +33,10 @@ import threading
 from collections.abc import Iterable
 
 from ..clock import Clock, SystemClock
-from ..errors import InvalidRequest, UnknownInvocation
+from ..errors import InvalidRequest, NotFound
 from .changes import Changes
 from .daemons import DaemonOps
+from .data import DataOps
 from .producers import ProducerOps, request_digest
 from .queues import QueueOps
 from .store import Store
@@ -44,12 +45,13 @@ from .workers import WorkerOps
 __all__ = ["Plane", "request_digest"]
 
 
-class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps):
+class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
     """The control plane over one :class:`~.store.Store`.
 
     Thread-safe: every decision is a compare-and-set on the store, so any number of
     threads (and, on a shared store, processes) may call it at once. The rules live in
-    four parts: :mod:`.queues`, :mod:`.producers`, :mod:`.workers` and :mod:`.daemons`.
+    parts: :mod:`.queues`, :mod:`.producers`, :mod:`.workers`, :mod:`.daemons` and
+    :mod:`.data`.
     """
 
     def __init__(
@@ -92,8 +94,18 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps):
     def get_blob(self, digest: str) -> bytes:
         data = self.store.get_blob(digest)
         if data is None:
-            raise UnknownInvocation(f"no blob {digest!r} on this plane")
+            raise NotFound(f"no blob {digest!r} on this plane")
         return data
+
+    def blob_url(self, digest: str, ttl: int = 3600) -> str:
+        """A URL for the blob when the store serves blobs itself (S3); an embedded
+        SQLite plane has none: read blobs through the SDK."""
+        store_url = getattr(self.store, "blob_url", None)
+        if store_url is None:
+            raise InvalidRequest("this plane keeps blobs in its database: it has no URLs")
+        if not self.store.has_blobs([digest]):
+            raise NotFound(f"no blob {digest!r} on this plane")
+        return str(store_url("GET", digest, ttl))
 
     def missing_blobs(self, digests: Iterable[str]) -> set[str]:
         wanted = set(digests)

@@ -135,6 +135,15 @@ class Store(Protocol):
 
     def list_daemons(self) -> list[DaemonRecord]: ...
 
+    # --- data keys (named blobs for data UDFs) ----------------------------------------
+    def put_data_key(self, key: str, digest: str, now: float) -> None:
+        """Point ``key`` at a blob (replacing what it pointed at)."""
+        ...
+
+    def get_data_keys(self, keys: Sequence[str]) -> dict[str, str]:
+        """The digests the existing keys among ``keys`` point at."""
+        ...
+
     # --- blobs (content-addressed) --------------------------------------------
     def put_blob(self, digest: str, data: bytes, now: float) -> None:
         """Store ``data`` under its digest; a second put of the same digest is a no-op."""

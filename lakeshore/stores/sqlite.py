@@ -81,6 +81,11 @@ CREATE TABLE IF NOT EXISTS logs (
     attempt INTEGER NOT NULL,
     PRIMARY KEY (invocation, seq)
 );
+CREATE TABLE IF NOT EXISTS data_keys (
+    key TEXT PRIMARY KEY,
+    digest TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY,
     doc BLOB NOT NULL
@@ -440,6 +445,18 @@ class SqliteStore:
 
     def list_daemons(self) -> list[DaemonRecord]:
         return [DaemonRecord(**d) for d in self._all_docs("daemons")]
+
+    # --- data keys ------------------------------------------------------------------------
+    def put_data_key(self, key: str, digest: str, now: float) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO data_keys (key, digest, updated_at) VALUES (?, ?, ?)",
+                (key, digest, now),
+            )
+
+    def get_data_keys(self, keys: Sequence[str]) -> dict[str, str]:
+        rows = self._select_in("SELECT key, digest FROM data_keys WHERE key IN ({})", keys)
+        return {k: d for k, d in rows}
 
     # --- blobs ----------------------------------------------------------------
     def put_blob(self, digest: str, data: bytes, now: float) -> None:
