@@ -159,6 +159,16 @@ def make_app(service: Service) -> APIGatewayHttpResolver:
         ) not in ROUTES else None
         app.route("/v1/blobs/<digest>", method=[method])(fn)
 
+    @route("GET", "/v1/blobs/{digest}/url")
+    def blob_url(ident: Identity, digest: str) -> dict[str, Any]:
+        if not _DIGEST.fullmatch(digest):
+            raise InvalidRequest("a blob is named by its sha256 (64 hex digits)")
+        return service.blob_url(ident, digest)
+
+    # --- data keys -------------------------------------------------------------------------
+    route("POST", "/v1/data")(lambda ident: service.put_data(ident, body()))
+    route("POST", "/v1/data/lookup")(lambda ident: service.data_lookup(ident, body()))
+
     # --- daemons ---------------------------------------------------------------------------
     route("POST", "/v1/daemons")(lambda ident: service.register_daemon(ident, body()))
     route("GET", "/v1/daemons")(lambda ident: service.list_daemons(ident))

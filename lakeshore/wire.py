@@ -149,8 +149,9 @@ def encode_pickle_call(
 ) -> EncodedCall:
     """A ``pickle`` payload. ``body`` is the function's pickled bytes when cached.
 
-    Arguments over ``inline_limit`` bytes travel as a blob (``args_ref``), like the
-    function body: the payload item stays small wherever the plane keeps it.
+    When the payload with its arguments inline would pass ``inline_limit`` bytes, the
+    arguments travel as a blob (``args_ref``), like the function body: the payload item
+    stays small wherever the plane keeps it.
     """
     body = pickle_function(fn) if body is None else body
     fn_digest = digest(body)
@@ -164,12 +165,12 @@ def encode_pickle_call(
         "py": PY_VERSION,
         "proto": PICKLE_PROTOCOL,
     }
-    if len(pickled_args) > inline_limit:
-        args_digest = digest(pickled_args)
-        blobs[args_digest] = pickled_args
-        envelope["args_ref"] = args_digest
-    else:
-        envelope["args"] = pickled_args
+    inline = pack({**envelope, "args": pickled_args})
+    if len(inline) <= inline_limit:
+        return EncodedCall(inline, blobs, {})
+    args_digest = digest(pickled_args)
+    blobs[args_digest] = pickled_args
+    envelope["args_ref"] = args_digest
     return EncodedCall(pack(envelope), blobs, {})
 
 

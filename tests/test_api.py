@@ -122,7 +122,13 @@ def test_hello_tells_the_caller_who_it_is(api: Api) -> None:
     assert ans.status == 200
     assert ans.body["identity"]["role"] == "admin"
     assert ans.body["wire"] == [1]
-    assert set(ans.body["limits"]) == {"max_body", "inline_payload", "max_batch", "max_wait"}
+    assert set(ans.body["limits"]) == {
+        "max_body",
+        "inline_payload",
+        "max_batch",
+        "max_wait",
+        "max_wait_ids",
+    }
     assert abs(ans.body["time"] - api.plane.now()) < 5
 
 

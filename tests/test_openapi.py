@@ -257,6 +257,10 @@ def test_real_answers_match_the_document(
     blob = "application/octet-stream"
     assert call("PUT", path, token=None, media=blob, raw=data, query=query).status == 204
     assert call("GET", f"/v1/blobs/{digest}", token=p).raw == data
+    assert call("GET", f"/v1/blobs/{digest}/url", token=p).body["url"].startswith("/v1/blobs/")
+    assert call("POST", "/v1/data", {"key": "runs/1/out", "digest": digest}, token=w).status == 200
+    found = call("POST", "/v1/data/lookup", {"keys": ["runs/1/out", "nope"]}, token=p).body
+    assert found == {"digests": {"runs/1/out": digest}}
 
     # Daemons
     register = {

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import __version__
-from ..errors import InvalidRequest, LakeshoreError, NotFound, QueueNotFound
+from ..errors import InvalidRequest, LakeshoreError, NotFound, PayloadTooLarge, QueueNotFound
 from ..plane import Plane
 from ..plane.model import Invocation, QueueSpec, RetryPolicy, Submission
 from ..submit import new_id
@@ -147,7 +147,7 @@ class Service:
             "version": __version__,
             "time": now,
             "wire": [WIRE_VERSION],
-            "limits": asdict(self.limits),
+            "limits": {**asdict(self.limits), "max_wait_ids": self.limits.max_batch * 20},
             "identity": {
                 "token_id": ident.token_id,
                 "role": ident.role,
@@ -536,11 +536,35 @@ class Service:
 
     def put_blob(self, digest: str, data: bytes) -> None:
         if len(data) > self.limits.max_body:
-            raise InvalidRequest("blob is over the body limit")
+            raise PayloadTooLarge(
+                f"blob of {len(data)} bytes is over the {self.limits.max_body} limit"
+            )
         self.plane.put_blob(digest, data)
 
     def get_blob(self, digest: str) -> bytes:
         return self.plane.get_blob(digest)
+
+    def blob_url(self, ident: Identity, digest: str) -> dict[str, Any]:
+        """A signed URL that serves one blob without a token, for a while."""
+        ident.require("producer", "worker")
+        if not self.plane.store.has_blobs([digest]):
+            raise NotFound(f"no blob {digest!r} on this plane")
+        return {"url": self.signed_url("GET", digest)}
+
+    # ------------------------------------------------------------------ data keys
+    def put_data(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("producer", "worker")
+        body = fields(body, {"key": str, "digest": str}, required=("key", "digest"))
+        self.plane.put_data(body["key"], body["digest"])
+        return {"ok": True}
+
+    def data_lookup(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        ident.require("producer", "worker")
+        body = fields(body, {"keys": list}, required=("keys",))
+        keys = body["keys"]
+        if len(keys) > self.limits.max_batch or not all(isinstance(k, str) for k in keys):
+            raise InvalidRequest(f"keys must be 0 to {self.limits.max_batch} strings")
+        return {"digests": self.plane.data_digests(keys)}
 
     # ------------------------------------------------------------------ daemons
     def register_daemon(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:

@@ -61,7 +61,7 @@ class Changes:
             self._waiters += 1
             self._ensure_poller()
             try:
-                self._cond.wait_for(lambda: self._generation != since, timeout)
+                self._cond.wait_for(lambda: self._generation != since or self._closed, timeout)
             finally:
                 self._waiters -= 1
 
@@ -101,7 +101,12 @@ class Changes:
         for entry, rec in due:
             entry.callback(rec)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
+        """Wake every waiter: the plane is going away (waits return empty)."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()

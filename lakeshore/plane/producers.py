@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -104,8 +105,14 @@ class ProducerOps(PlaneBase):
             event.set()
 
         unwatch = self.watch(ids, on_done)
+        deadline = time.monotonic() + timeout
         try:
-            event.wait(timeout)
+            # in slices, so closing the plane ends the wait promptly
+            while not event.is_set() and not self._changes.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                event.wait(min(left, 0.25))
         finally:
             unwatch()
         return list(done)

@@ -43,6 +43,8 @@ class WorkerOps(PlaneBase):
             raise InvalidRequest("claim limit must be at least 1")
         deadline = time.monotonic() + max(0.0, wait)
         while True:
+            if self._changes.closed:
+                return []  # the plane is closing: answer empty, promptly
             generation = self._changes.generation
             self.maybe_sweep()
             claims = self._claim_now(queues, worker, limit, lease_seconds or self.lease_seconds)
