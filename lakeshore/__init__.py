@@ -16,7 +16,7 @@
 
 from __future__ import annotations
 
-from . import context
+from . import context, data
 from .config import configure
 from .dispatch import Dispatch, QueueCreatedWarning
 from .errors import (
@@ -24,17 +24,21 @@ from .errors import (
     ClientError,
     Conflict,
     ExpiredInvocation,
+    Forbidden,
     IdempotencyConflict,
     InvalidRequest,
     InvocationDead,
     InvocationTimeout,
     LakeshoreError,
     LeaseLost,
+    NotFound,
     PayloadTooLarge,
     QueueMismatch,
     QueueNotFound,
     RemoteError,
     SerializationError,
+    Unauthorized,
+    Unavailable,
     UnknownInvocation,
 )
 from .plane.model import RetryPolicy as Retry
@@ -67,17 +71,20 @@ __all__ = [
     "SyncFILOQueue",
     "SyncPriorityQueue",
     "context",
+    "data",
     "CancelledError",
     "ClientError",
     "Conflict",
     "Dispatch",
     "ExpiredInvocation",
+    "Forbidden",
     "IdempotencyConflict",
     "InvalidRequest",
     "InvocationDead",
     "InvocationTimeout",
     "LakeshoreError",
     "LeaseLost",
+    "NotFound",
     "PayloadTooLarge",
     "Queue",
     "QueueMismatch",
@@ -87,6 +94,8 @@ __all__ = [
     "SerializationError",
     "State",
     "SyncQueue",
+    "Unauthorized",
+    "Unavailable",
     "UnknownInvocation",
     "__version__",
     "configure",

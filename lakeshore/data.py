@@ -13,18 +13,40 @@ invocation — wrap plain text in structured data (a dict) instead.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 from . import config
 from .dispatch import Dispatch
 from .errors import NotFound
 
-__all__ = ["exists", "get", "put", "url"]
+__all__ = ["exists", "get", "put", "url", "using"]
+
+#: inside a job: the plane the job's worker serves (a factory, so a job process opens
+#: its own connection only when it touches data)
+_job_plane: contextvars.ContextVar[Callable[[], Dispatch] | None] = contextvars.ContextVar(
+    "lakeshore_job_plane", default=None
+)
+
+
+@contextmanager
+def using(plane: Callable[[], Dispatch]) -> Iterator[None]:
+    """Inside the block, data calls without ``dispatch=`` go to ``plane()`` (workers
+    wrap each job in it, so a data UDF writes where its invocation lives)."""
+    token = _job_plane.set(plane)
+    try:
+        yield
+    finally:
+        _job_plane.reset(token)
 
 
 def _dp(dispatch: Dispatch | None) -> Dispatch:
-    return dispatch or config.default_dispatch()
+    if dispatch is not None:
+        return dispatch
+    plane = _job_plane.get()
+    return plane() if plane is not None else config.default_dispatch()
 
 
 def put(key: str, data: bytes, *, dispatch: Dispatch | None = None) -> str:

@@ -116,6 +116,8 @@ class Dispatch:
         if token is None and str(target).startswith(("http://", "https://")):
             token = _saved_token(str(target))
         self.target = str(target)
+        #: the bearer token of a remote plane (None for an embedded one)
+        self.token = token
         self.transport: Transport = open_transport(
             self.target, token=token, clock=clock, options=plane_options
         )

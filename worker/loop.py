@@ -12,6 +12,7 @@ import socket
 import threading
 from collections.abc import Callable, Sequence
 
+from .. import data
 from ..dispatch import Dispatch
 from ..errors import LakeshoreError
 from ..plane.model import Claim
@@ -116,7 +117,8 @@ def run_worker(
             )
             for claim in claims:
                 beat.hold(claim)
-                outcome = executor.run(claim, progress=_progress_to(transport, claim))
+                with data.using(lambda: dp):
+                    outcome = executor.run(claim, progress=_progress_to(transport, claim))
                 beat.hold(None)
                 report(dp, claim, outcome)
                 ran += 1

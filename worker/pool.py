@@ -217,7 +217,13 @@ class ProcessWorker:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=_child_main,
-            args=(child, self.imports, self.transport.inline_limit()),
+            args=(
+                child,
+                self.imports,
+                self.transport.inline_limit(),
+                self.dispatch.target,
+                self.dispatch.token,
+            ),
             name=f"lakeshore-slot-{slot.index}",
             daemon=True,
         )
@@ -461,11 +467,27 @@ class _Blobs:
         return self.limit
 
 
-def _child_main(conn: Any, imports: list[str], inline_limit: int) -> None:
+def _child_main(
+    conn: Any, imports: list[str], inline_limit: int, target: str, token: str | None
+) -> None:
     import importlib
     import resource
 
+    from .. import data
     from .execute import Executor
+
+    opened: list[Dispatch] = []
+
+    def job_plane() -> Dispatch:
+        """The worker's plane, opened by this job process on first use of dls.data."""
+        if not opened:
+            if target == ":memory:":
+                raise RuntimeError(
+                    "dls.data inside a process worker needs a plane the job can reach: "
+                    "a plane file or a URL, not ':memory:'"
+                )
+            opened.append(Dispatch(target, token=token))
+        return opened[0]
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     for name in imports:
@@ -496,7 +518,10 @@ def _child_main(conn: Any, imports: list[str], inline_limit: int) -> None:
         def on_progress(fraction: float, message: str | None, job: str = job) -> None:
             pipe.send(("progress", job, fraction, message))
 
-        outcome = executor.run(claim, on_output=on_output, on_spawn=on_spawn, progress=on_progress)
+        with data.using(job_plane):
+            outcome = executor.run(
+                claim, on_output=on_output, on_spawn=on_spawn, progress=on_progress
+            )
         out.flush()
         err.flush()
         out.job = err.job = None
