@@ -66,7 +66,10 @@ def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[st
         elif media in (JSON, ""):
             value = json.loads(body)
         else:
-            raise UnsupportedMediaType(f"content type {media!r}: send msgpack or JSON")
+            raise UnsupportedMediaType(
+                f"content type {media!r}: send application/msgpack or application/json "
+                "(with curl: -H 'Content-Type: application/json')"
+            )
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise InvalidRequest(f"malformed body: {exc}") from None
     except RecursionError:
