@@ -1,13 +1,27 @@
-"""Shared fixtures: factories that clean up what they built."""
+"""Shared fixtures: factories that clean up what they built.
+
+The test run never touches the developer's own planes: LAKESHORE_HOME and the auth file
+point into a temporary folder, and LAKESHORE_URL/TOKEN/PROFILE are unset.
+"""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.clock import FakeClock
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    home = tempfile.mkdtemp(prefix="lakeshore-test-home-")
+    os.environ["LAKESHORE_HOME"] = home
+    os.environ["LAKESHORE_AUTH_FILE"] = os.path.join(home, "auth.yml")
+    for name in ("LAKESHORE_URL", "LAKESHORE_TOKEN", "LAKESHORE_PROFILE"):
+        os.environ.pop(name, None)
 
 
 @pytest.fixture
