@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from .. import data
 from ..dispatch import Dispatch
-from ..errors import LakeshoreError
+from ..errors import LakeshoreError, Throttled, Unavailable
 from ..plane.model import Claim
 from ..progress import Reporter
 from ..queue import _QueueHandle
@@ -106,15 +106,23 @@ def run_worker(
     beat = _Heartbeat(transport, lease_seconds)
     me = worker_id or default_worker_id()
     ran = 0
+    outage = 0.0
 
     def stopping() -> bool:
         return stop is not None and bool(stop())
 
     try:
         while not stopping():
-            claims = transport.claim(
-                names, me, limit=1, wait=poll, lease_seconds=lease_seconds, should_stop=stop
-            )
+            try:
+                claims = transport.claim(
+                    names, me, limit=1, wait=poll, lease_seconds=lease_seconds, should_stop=stop
+                )
+            except (Unavailable, Throttled):
+                # the plane is away (the transport already retried): wait, then try again
+                outage = min(max(0.5, outage * 2), 30.0)
+                threading.Event().wait(outage)
+                continue
+            outage = 0.0
             for claim in claims:
                 beat.hold(claim)
                 with data.using(lambda: dp):

@@ -18,6 +18,7 @@ set flags: the first SIGINT/SIGTERM stops claiming and lets in-flight jobs finis
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dispatch import Dispatch
-from ..errors import LakeshoreError
+from ..errors import LakeshoreError, Throttled, Unavailable
 from ..plane.model import Claim
 from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload
 from .execute import Outcome
@@ -38,6 +39,8 @@ from .loop import default_worker_id
 from .report import report
 
 __all__ = ["ProcessWorker"]
+
+log = logging.getLogger("dreamlake.lakeshore.worker")
 
 #: seconds between flushes of buffered job output to the plane
 _LOG_FLUSH = 0.25
@@ -181,14 +184,20 @@ class ProcessWorker:
                 attempted = bool(free) and not self._stopping.is_set() and ready
                 if attempted:
                     wait = 0.0 if busy else min(backoff, self.max_idle_wait)
-                    claims = self.transport.claim(
-                        self.queues,
-                        self.worker_id,
-                        limit=len(free),
-                        wait=wait,
-                        lease_seconds=self.lease_seconds,
-                        should_stop=self._stopping.is_set,
-                    )
+                    try:
+                        claims = self.transport.claim(
+                            self.queues,
+                            self.worker_id,
+                            limit=len(free),
+                            wait=wait,
+                            lease_seconds=self.lease_seconds,
+                            should_stop=self._stopping.is_set,
+                        )
+                    except (Unavailable, Throttled):
+                        # the plane is away (the transport already retried): keep
+                        # running what we have and ask again later
+                        claims = []
+                        log.warning("lakeshore worker: the plane is unavailable; retrying")
                     for slot, claim in zip(free, claims, strict=False):
                         self._start(slot, claim)
                     if claims:
