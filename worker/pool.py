@@ -285,12 +285,14 @@ class ProcessWorker:
 
     # ------------------------------------------------------------------ messages
     def _pump(self, timeout: float) -> None:
-        waitables: list[Any] = []
+        owners: dict[Any, tuple[_Slot, Any]] = {}
         for slot in self._slots:
             if slot.proc is not None:
-                waitables += [slot.conn, slot.proc.sentinel]
-        for ready in multiprocessing.connection.wait(waitables, timeout):
-            slot = next(s for s in self._slots if ready in (s.conn, s.proc.sentinel))
+                owners[slot.conn] = owners[slot.proc.sentinel] = (slot, slot.proc)
+        for ready in multiprocessing.connection.wait(list(owners), timeout):
+            slot, proc = owners[ready]
+            if slot.proc is not proc:
+                continue  # this child was already handled (its pipe and sentinel both fired)
             if ready is slot.conn:
                 conn: Any = slot.conn
                 try:

@@ -1,0 +1,75 @@
+"""The plane's limits, and requests cut to fit them.
+
+Contract: :class:`Limits` holds what ``GET /v1/hello`` said (defaults for anything it
+left out or zeroed). :func:`batches` and :func:`size_batches` keep the order of the
+items and never yield an empty run; :func:`size_batches` also keeps each run's encoding
+within the body limit, except that an item too large on its own still goes, alone (the
+plane then refuses it with ``PayloadTooLarge``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ..wire import pack
+
+__all__ = ["ENVELOPE_ROOM", "Limits", "batches", "size_batches"]
+
+#: room left for the pickle envelope around arguments kept inline (the plane's
+#: ``inline_payload`` bounds the whole payload; the SDK compares the arguments alone)
+ENVELOPE_ROOM = 1024
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The plane's limits, from ``GET /v1/hello`` (these defaults until it answers)."""
+
+    #: bytes of one request body
+    max_body: int = 4 * 1024 * 1024
+    #: bytes a payload or result may have inline; larger ones travel as blobs
+    inline_payload: int = 256 * 1024
+    #: items in one batch call
+    max_batch: int = 500
+    #: seconds one claim or wait may block on the server
+    max_wait: float = 20.0
+    #: ids in one wait (``max_wait_ids`` if hello names it, else ``max_batch``)
+    max_wait_ids: int = 500
+
+    @classmethod
+    def from_hello(cls, raw: Any) -> Limits:
+        got = raw if isinstance(raw, dict) else {}
+        base = cls()
+        batch = int(got.get("max_batch") or base.max_batch)
+        return cls(
+            max_body=int(got.get("max_body") or base.max_body),
+            inline_payload=int(got.get("inline_payload") or base.inline_payload),
+            max_batch=batch,
+            max_wait=float(got.get("max_wait") or base.max_wait),
+            max_wait_ids=int(got.get("max_wait_ids") or batch),
+        )
+
+
+def batches(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
+    """Runs of at most ``size`` items (at least one)."""
+    for i in range(0, len(items), max(1, size)):
+        yield items[i : i + max(1, size)]
+
+
+def size_batches(items: Sequence[Any], count: int, max_body: int) -> Iterator[list[Any]]:
+    """Items in runs of at most ``count`` whose encoding stays within ``max_body``."""
+    budget = max(1, max_body - 1024)  # room for the envelope around the list
+    run: list[Any] = []
+    size = 0
+    for item in items:
+        n = len(pack(item))
+        if run and (len(run) >= count or size + n > budget):
+            yield run
+            run, size = [], 0
+        run.append(item)
+        size += n
+    if run:
+        yield run
