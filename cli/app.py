@@ -8,6 +8,7 @@ from .. import __version__
 from .invocations import exec_command, invocations_app
 from .queues import queues_app
 from .serve import serve
+from .tokens import login, tokens_app
 from .workers import daemon_app, worker_app
 
 app = typer.Typer(
@@ -39,3 +40,5 @@ app.add_typer(worker_app, name="worker")
 app.add_typer(daemon_app, name="daemon")
 app.add_typer(queues_app, name="queues")
 app.add_typer(invocations_app, name="invocations")
+app.add_typer(tokens_app, name="tokens")
+app.command()(login)

@@ -220,3 +220,49 @@ def test_daemon_update_adds_a_queue_to_a_running_daemon(plane: str, tmp_path: Pa
     finally:
         for key in env_home:
             os.environ.pop(key, None)
+
+
+# --- tokens and login ---------------------------------------------------------------------------
+
+
+def test_tokens_and_login_against_serve(tmp_path: Path) -> None:
+    from dreamlake.lakeshore import authfile
+    from dreamlake.lakeshore.server import serve_in_thread
+
+    with serve_in_thread(tmp_path / "served.db") as (url, admin):
+        assert admin is not None
+        # An admin makes a scoped producer token; only its secret is printed
+        code, out = run(
+            "tokens",
+            "create",
+            "--role",
+            "producer",
+            "-q",
+            "team-a-*",
+            "--url",
+            url,
+            "--token",
+            admin,
+        )
+        assert code == 0 and out.startswith("lks_")
+        producer = out.strip()
+        code, out = run("tokens", "ls", "--url", url, "--token", admin, "--json")
+        listed = json.loads(out)
+        assert {t["role"] for t in listed} == {"admin", "producer"}
+        assert producer not in out
+        # login checks the token and saves it to auth.yml, 0600
+        code, out = run("login", "--url", url, "--token", producer, "--profile", "team-a")
+        assert code == 0 and "as a producer token" in out
+        saved = authfile.load()
+        assert saved["profiles"]["team-a"]["token"] == producer
+        assert oct(Path(os.environ["LAKESHORE_AUTH_FILE"]).stat().st_mode & 0o777) == "0o600"
+        # a revoked token is refused from then on
+        (made,) = [t for t in listed if t["role"] == "producer"]
+        assert run("tokens", "revoke", made["id"], "--url", url, "--token", admin)[0] == 0
+        code, out = run("login", "--url", url, "--token", producer)
+        assert code == 1 and "revoked" in out
+        code, out = run("tokens", "ls", "--url", url, "--token", producer)
+        assert code == 1 and "unauthorized" in out
+    # And the plane file itself can mint an admin token (the way back in)
+    code, out = run("tokens", "create", "--role", "admin", "--plane", str(tmp_path / "served.db"))
+    assert code == 0 and out.startswith("lks_")

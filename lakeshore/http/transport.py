@@ -417,8 +417,21 @@ class HttpTransport(Session):
     def drain_daemon(self, daemon_id: str) -> DaemonRecord:
         return daemon_of(self._call("POST", f"/v1/daemons/{_seg(daemon_id)}/drain")["daemon"])
 
+    # ------------------------------------------------------------------ tokens (admin)
+    def create_token(
+        self, role: str, queues: Sequence[str] = ("*",), name: str = ""
+    ) -> dict[str, Any]:
+        """Make a token: the answer holds its secret (``token``), shown this once."""
+        body = {"role": role, "queues": list(queues), "name": name}
+        return self._call("POST", "/v1/tokens", body)
+
+    def list_tokens(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/v1/tokens")["tokens"])
+
+    def revoke_token(self, token_id: str) -> None:
+        self._call("DELETE", f"/v1/tokens/{_seg(token_id)}")
+
     # ------------------------------------------------------------------ data keys
-    # Not in docs/api.md yet; these are the routes proposed for it.
     def put_data(self, key: str, digest: str) -> None:
         """Point ``key`` at an uploaded blob (``POST /v1/data``)."""
         self._call("POST", "/v1/data", {"key": key, "digest": digest})
