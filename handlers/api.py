@@ -24,7 +24,6 @@ from . import apigw
 
 __all__ = ["ROUTES", "handler", "make_app"]
 
-log = logging.getLogger("lakeshore.api")
 
 #: every route: (method, path template); the OpenAPI document must list exactly these
 ROUTES: list[tuple[str, str]] = []
@@ -53,9 +52,10 @@ def _error_response(exc: LakeshoreError, media: str) -> Response[Any]:
     return resp
 
 
-def make_app(service: Service) -> APIGatewayHttpResolver:
-    """The router of API v1 over ``service``."""
+def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGatewayHttpResolver:
+    """The router of API v1 over ``service``; unexpected errors go to ``logger``."""
     app = APIGatewayHttpResolver()
+    log = logger or logging.getLogger("dreamlake.lakeshore.api")
     limits = service.limits
 
     def media() -> str:
@@ -236,10 +236,11 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """The Lambda entry point: resolve the event, emit request metrics (CloudWatch EMF)."""
     global _lambda_app, _metrics
     if _lambda_app is None:
-        from aws_lambda_powertools import Metrics
+        from aws_lambda_powertools import Logger, Metrics
 
         _metrics = Metrics(namespace="Lakeshore", service="api")
-        _lambda_app = make_app(_service_from_env())
+        logger = Logger(service="lakeshore-api")  # structured JSON logs in CloudWatch
+        _lambda_app = make_app(_service_from_env(), logger=logger)  # type: ignore[arg-type]
     result: dict[str, Any] = _lambda_app.resolve(event, context)
     status = int(result.get("statusCode", 500))
     _metrics.add_metric(name="Requests", unit="Count", value=1)
