@@ -42,14 +42,24 @@ def worker_start(
     The first Ctrl-C or SIGTERM stops claiming and lets running jobs finish; the
     second stops at once and hands their leases back.
     """
-    from ..worker.pool import ProcessWorker
+    import os
+    import socket
+
+    from ..worker.daemon import Daemon
 
     with open_plane(url, token, plane) as dp:
-        worker = ProcessWorker(
-            dp, queue, concurrency=concurrency, imports=imports or [], lease_seconds=lease
+        worker = Daemon(
+            dp,
+            f"worker-{socket.gethostname()}-{os.getpid()}",
+            queues=queue,
+            concurrency=concurrency,
+            imports=imports or [],
+            lease_seconds=lease,
+            persist=False,
         )
+        rec = worker.register()
         typer.echo(
-            f"lakeshore worker {worker.worker_id}: serving {', '.join(queue)} "
+            f"lakeshore worker {rec.id}: serving {', '.join(queue)} "
             f"on {dp.target} with {concurrency} slot(s)",
             err=True,
         )
@@ -66,7 +76,7 @@ def daemon_start(
     concurrency: ConcurrencyOpt = 1,
     imports: ImportOpt = None,
     lease: LeaseOpt = 60.0,
-    heartbeat: Annotated[float, typer.Option(min=0.1, help="Seconds between heartbeats.")] = 5.0,
+    heartbeat: Annotated[float, typer.Option(min=0.1, help="Seconds between heartbeats.")] = 15.0,
     url: UrlOpt = None,
     token: TokenOpt = None,
     plane: PlaneOpt = None,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +145,19 @@ def test_curl_submits_a_ref_call_and_reads_its_result(plane: Plane, worker: obje
     bad = curl(plane, "-X", "POST", f"{plane.url}/v1/invocations", "-d", "{nope")
     assert bad["error"]["code"] == "unsupported_media_type"  # type: ignore[index]
     assert "Content-Type: application/json" in bad["error"]["message"]  # type: ignore[index]
+
+
+def test_a_running_worker_advertises_its_python_and_pickle_protocols(
+    plane: Plane, worker: object
+) -> None:
+    from dreamlake.lakeshore.wire import PICKLE_PROTOCOL, PY_VERSION
+
+    with dls.Dispatch(plane.url, token=plane.producer) as dp:
+        deadline = time.monotonic() + 30
+        while True:  # the worker registers as it starts
+            hello = dp.transport.hello(refresh=True)  # type: ignore[attr-defined]
+            if hello["workers"]["python"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert hello["workers"]["python"] == [PY_VERSION]
+        assert PICKLE_PROTOCOL in hello["workers"]["pickle_protocols"]

@@ -2,8 +2,12 @@
 
 ``lakeshore daemon start --name gpu-1`` registers with the plane under an id kept in
 ``$LAKESHORE_HOME/daemons/<name>.id``, so a restart is the same daemon. Every
-heartbeat (default 5 s) returns the record as the plane has it; the daemon follows it
+heartbeat (default 15 s) returns the record as the plane has it; the daemon follows it
 at once — new queues, another concurrency, or a drain (finish in-flight work, exit).
+
+``lakeshore worker start`` is a daemon with a fresh identity each start
+(``persist=False``): it advertises its Python and pickle protocols to the plane
+(``GET /v1/hello`` → ``workers``), shows in ``daemon ls`` and takes updates too.
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ class Daemon:
         concurrency: int = 1,
         imports: Sequence[str] = (),
         lease_seconds: float = 60.0,
-        heartbeat_every: float = 5.0,
+        heartbeat_every: float = 15.0,
         state_dir: Path | None = None,
+        persist: bool = True,
     ) -> None:
         self.dispatch = dispatch
         self.name = name
         self.state_dir = state_dir or config.settings().home.expanduser() / "daemons"
         self.heartbeat_every = heartbeat_every
+        self.persist = persist
         self._start_queues, self._start_concurrency = list(queues), concurrency
         self._imports, self._lease_seconds = list(imports), lease_seconds
         self.record: DaemonRecord | None = None
@@ -50,7 +56,9 @@ class Daemon:
         return self.state_dir / f"{self.name}.id"
 
     def register(self) -> DaemonRecord:
-        known = self._id_file.read_text().strip() if self._id_file.exists() else None
+        known = None
+        if self.persist and self._id_file.exists():
+            known = self._id_file.read_text().strip()
         rec = self.dispatch.transport.register_daemon(
             self.name,
             daemon_id=known or None,
@@ -60,14 +68,16 @@ class Daemon:
             pickle_protocols=list(range(2, PICKLE_PROTOCOL + 1)),
             host=socket.gethostname(),
         )
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._id_file.write_text(rec.id + "\n")
+        if self.persist:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            self._id_file.write_text(rec.id + "\n")
         self.record = rec
         return rec
 
     def run(self) -> int:
-        """Register, serve until drained or signalled; return jobs reported."""
-        rec = self.register()
+        """Register (unless done already), serve until drained or signalled; return
+        jobs reported."""
+        rec = self.record or self.register()
         self.worker = ProcessWorker(
             self.dispatch,
             rec.queues,
