@@ -85,6 +85,17 @@ class Transport(Protocol):
 
     def complete(self, inv_id: str, lease_token: str, result: bytes) -> None: ...
 
+    def complete_many(self, items: Sequence[tuple[str, str, bytes]]) -> list[Exception | None]:
+        """Record several results ``(id, lease_token, result)`` in one go; each item's
+        refusal (or None) in order."""
+        ...
+
+    def fail_many(
+        self, items: Sequence[tuple[str, str, dict[str, Any], bool]]
+    ) -> list[Exception | None]:
+        """Record several failures ``(id, lease_token, error, retryable)`` in one go."""
+        ...
+
     def release(self, inv_id: str, lease_token: str) -> None: ...
 
     def report_progress(

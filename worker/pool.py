@@ -36,7 +36,7 @@ from ..plane.model import Claim
 from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload
 from .execute import Outcome
 from .loop import default_worker_id
-from .report import report
+from .report import report_many
 
 __all__ = ["ProcessWorker"]
 
@@ -107,6 +107,7 @@ class ProcessWorker:
         self._beat_stop = threading.Event()
         self._blob_cache: dict[str, bytes] = {}
         self._next_flush = 0.0
+        self._done: list[tuple[Claim, Outcome]] = []
         self.completed = 0
 
     # ------------------------------------------------------------------ control
@@ -209,11 +210,13 @@ class ProcessWorker:
                 busy = [s for s in self._slots if s.claim is not None]
                 # a claim that found nothing already waited; otherwise wait on the children
                 self._pump(0.05 if busy or not attempted else 0.0)
+                self._report()
                 self._enforce()
                 if time.monotonic() >= self._next_flush:
                     self._next_flush = time.monotonic() + _LOG_FLUSH
                     self._flush_output()
         finally:
+            self._report()
             self._beat_stop.set()
             beat.join(timeout=5)
             for slot in self._slots:
@@ -328,12 +331,18 @@ class ProcessWorker:
                 self._spawn(slot)
 
     def _finish(self, slot: _Slot, outcome: Outcome) -> None:
+        """Free the slot now; the outcome is reported with the others of this round."""
         claim = slot.claim
         assert claim is not None
         with self._lock:
             slot.claim, slot.deadline, slot.pgid = None, None, None
-        report(self.dispatch, claim, outcome)
+        self._done.append((claim, outcome))
         self.completed += 1
+
+    def _report(self) -> None:
+        if self._done:
+            done, self._done = self._done, []
+            report_many(self.dispatch, done)
 
     def _died(self, slot: _Slot) -> None:
         """The child is gone: report its job as the reason says, then respawn it."""

@@ -4,6 +4,7 @@ are recorded, for the in-thread worker and the process worker alike."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from ..dispatch import Dispatch
@@ -11,7 +12,7 @@ from ..errors import LakeshoreError
 from ..plane.model import Claim
 from .execute import Outcome
 
-__all__ = ["report"]
+__all__ = ["report", "report_many"]
 
 
 def _manifest_error(keys: list[str], missing: list[str]) -> dict[str, Any]:
@@ -30,25 +31,38 @@ def _manifest_error(keys: list[str], missing: list[str]) -> dict[str, Any]:
     }
 
 
+def _checked(dispatch: Dispatch, outcome: Outcome) -> Outcome:
+    """A data UDF's outcome fails when its manifest names a key that is not stored."""
+    if not outcome.ok or outcome.manifest is None:
+        return outcome
+    keys = outcome.manifest
+    try:
+        found = dispatch.transport.data_digests(keys) if keys else {}
+    except LakeshoreError as exc:  # a malformed key
+        found, keys = {}, [*keys, str(exc)]
+    missing = [k for k in keys if k not in found]
+    if missing or not keys:
+        return Outcome(ok=False, error=_manifest_error(keys, missing), retryable=False)
+    return outcome
+
+
 def report(dispatch: Dispatch, claim: Claim, outcome: Outcome) -> None:
-    """Complete or fail the claim. A refusal (cancelled, timed out, handed on) is the
-    plane's decision and is not an error here."""
+    """Complete or fail one claim (see :func:`report_many`)."""
+    report_many(dispatch, [(claim, outcome)])
+
+
+def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> None:
+    """Complete or fail claims, results in one batch and failures in another. A refusal
+    (cancelled, timed out, handed on) is the plane's decision, not an error here."""
+    checked = [(claim, _checked(dispatch, outcome)) for claim, outcome in done]
+    ok = [(c, o) for c, o in checked if o.ok]
+    failed = [(c, o) for c, o in checked if not o.ok]
     transport = dispatch.transport
-    ok, error, retryable = outcome.ok, outcome.error, outcome.retryable
-    if ok and outcome.manifest is not None:
-        keys = outcome.manifest
-        try:
-            found = transport.data_digests(keys) if keys else {}
-        except LakeshoreError as exc:  # a malformed key
-            found, keys = {}, [*keys, str(exc)]
-        missing = [k for k in keys if k not in found]
-        if missing or not keys:
-            ok, error, retryable = False, _manifest_error(keys, missing), False
     with contextlib.suppress(LakeshoreError):
         if ok:
-            assert outcome.result is not None
-            dispatch.upload(outcome.blobs)
-            transport.complete(claim.id, claim.lease_token, outcome.result)
-        else:
-            assert error is not None
-            transport.fail(claim.id, claim.lease_token, error, retryable=retryable)
+            dispatch.upload({d: b for _, o in ok for d, b in o.blobs.items()})
+            transport.complete_many([(c.id, c.lease_token, o.result or b"") for c, o in ok])
+        if failed:
+            transport.fail_many(
+                [(c.id, c.lease_token, o.error or {}, o.retryable) for c, o in failed]
+            )

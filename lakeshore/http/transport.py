@@ -341,6 +341,28 @@ class HttpTransport(Session):
         answer = item_ok(only_answer(self._call("POST", "/v1/failures", {"failures": [item]})))
         return State(answer["state"])
 
+    def complete_many(self, items: Sequence[tuple[str, str, bytes]]) -> list[Exception | None]:
+        """Several results in as few calls as the limits allow."""
+        rows = [{"id": i, "lease_token": t, "result": r} for i, t, r in items]
+        return self._batch("/v1/completions", "results", rows)
+
+    def fail_many(
+        self, items: Sequence[tuple[str, str, dict[str, Any], bool]]
+    ) -> list[Exception | None]:
+        rows = [{"id": i, "lease_token": t, "error": e, "retryable": r} for i, t, e, r in items]
+        return self._batch("/v1/failures", "failures", rows)
+
+    def _batch(self, path: str, key: str, rows: list[dict[str, Any]]) -> list[Exception | None]:
+        out: list[Exception | None] = []
+        for run in size_batches(rows, self.limits.max_batch, self.limits.max_body):
+            for answer in self._call("POST", path, {key: run})["answers"]:
+                try:
+                    item_ok(answer)
+                    out.append(None)
+                except Exception as exc:
+                    out.append(exc)
+        return out
+
     def release(self, inv_id: str, lease_token: str) -> None:
         """Hand a claim back untried; raises the item's error (``LeaseLost``)."""
         body = {"leases": [{"id": inv_id, "lease_token": lease_token}]}

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..errors import InvalidRequest, LeaseLost, UnknownInvocation
+from ..errors import InvalidRequest, LakeshoreError, LeaseLost, UnknownInvocation
 from .base import PlaneBase
 from .kinds import BOLTZMANN_CANDIDATES, boltzmann_order, running_cap, temperature
 from .model import Claim, HeartbeatAnswer, Invocation, LogEntry, QueueSpec, State
@@ -169,6 +169,30 @@ class WorkerOps(PlaneBase):
         if updated is None:
             return HeartbeatAnswer(inv_id, ok=False, cancel=True, lease_expires_at=None)
         return HeartbeatAnswer(inv_id, ok=True, cancel=timed_out, lease_expires_at=expires)
+
+    def complete_many(self, items: Sequence[tuple[str, str, bytes]]) -> list[Exception | None]:
+        """:meth:`complete` for several; each item's refusal (or None), in order."""
+        out: list[Exception | None] = []
+        for inv_id, token, result in items:
+            try:
+                self.complete(inv_id, token, result)
+                out.append(None)
+            except LakeshoreError as exc:
+                out.append(exc)
+        return out
+
+    def fail_many(
+        self, items: Sequence[tuple[str, str, dict[str, Any], bool]]
+    ) -> list[Exception | None]:
+        """:meth:`fail` for several; each item's refusal (or None), in order."""
+        out: list[Exception | None] = []
+        for inv_id, token, error, retryable in items:
+            try:
+                self.fail(inv_id, token, error, retryable=retryable)
+                out.append(None)
+            except LakeshoreError as exc:
+                out.append(exc)
+        return out
 
     def release(self, inv_id: str, lease_token: str) -> None:
         """Hand a claimed invocation back untried: pending again, the attempt not counted

@@ -1,0 +1,647 @@
+"""DynamoDB + S3 store: the AWS plane's :class:`~dreamlake.lakeshore.plane.store.Store`.
+
+Tables, indexes, attributes and prefixes are named in :mod:`.keys`; the item encoding
+is :mod:`.dynamo_items`. How each primitive maps onto DynamoDB:
+
+- ``update_if`` is one conditional ``UpdateItem`` (``ReturnValues=ALL_OLD``; the new
+  record is the old one with ``changes`` applied, exactly what was written). A failed
+  condition returns the old item, so "refused" costs no extra read.
+- ``running_below`` is a counter item per capped queue (records table, kind
+  ``running``). A claim with a cap is one ``TransactWriteItems``: the invocation's
+  update (conditioned on its revision, read just before) and ``ADD running 1`` on the
+  counter if ``running < cap``. The claimed item is marked ``counted``; any update that
+  takes a counted item out of running is refused by its plain condition
+  (``attribute_not_exists(counted)``), and is then redone as a transaction with
+  ``ADD running -1``. Queues without a cap never touch a counter (no hot item).
+- ``pending`` reads a sparse index (``queue#shard`` → ``order_key``), filtering on
+  ``available_at``; ``expired_leases`` and ``purge`` read sparse indexes keyed by lease
+  expiry and ``expires_at``; ``counts``/``list_invocations`` read a by-queue index. No
+  primitive scans the invocations table. Index reads are eventually consistent (under
+  moto they are immediate): a candidate that is gone or taken fails its condition.
+- payload, result and error above ``keys.INLINE_MAX`` bytes go to S3 before the item is
+  written; a read fetches them when first used.
+- ``change_marker`` has no cheap global counterpart: it changes on every call, so
+  waiters re-check every ``poll_interval`` (0.5 s).
+
+Concurrency: every decision is a condition evaluated by DynamoDB, so any number of
+processes may share the tables. moto is the exception (its conditional writes are not
+atomic under threads): tests serialise moto requests themselves.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from botocore.exceptions import ClientError  # type: ignore[import-untyped]
+
+from ..plane.model import Invocation, QueueSpec, State
+from . import keys as K
+from .dynamo_extras import DynamoExtras, backoff, error_code
+from .dynamo_items import (
+    FIELDS,
+    Expr,
+    Item,
+    condition,
+    holds,
+    invocation,
+    leaves_running,
+    new_item,
+    normal,
+    num,
+    pack,
+    plan_changes,
+    unpack,
+)
+
+__all__ = ["DynamoStore", "make_clients"]
+
+_FIELD_SET = frozenset(FIELDS)
+#: attempts at one update under contention (a transaction conflict, a moving revision)
+_TRIES = 25
+
+
+def make_clients(
+    region_name: str | None = None, endpoint_url: str | None = None, session: Any = None
+) -> tuple[Any, Any]:
+    """A DynamoDB and an S3 client as the store wants them (S3 signs with SigV4)."""
+    import boto3  # type: ignore[import-untyped]
+    from botocore.config import Config  # type: ignore[import-untyped]
+
+    base = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5)
+    # path-style addressing when the endpoint is a local one (moto server)
+    style = "path" if endpoint_url else "virtual"
+    s3_config = base.merge(Config(signature_version="s3v4", s3={"addressing_style": style}))
+    maker = session or boto3
+    ddb = maker.client("dynamodb", region_name=region_name, endpoint_url=endpoint_url, config=base)
+    s3 = maker.client("s3", region_name=region_name, endpoint_url=endpoint_url, config=s3_config)
+    return ddb, s3
+
+
+def _spec(item: Item) -> QueueSpec:
+    return QueueSpec(name=item[K.Q_NAME]["S"], **unpack(item[K.Q_SPEC]["B"]))
+
+
+class DynamoStore(DynamoExtras):
+    """A :class:`~dreamlake.lakeshore.plane.store.Store` on DynamoDB and S3.
+
+    ``resources`` names the tables and bucket (:meth:`keys.Resources.from_env` in a
+    deployed stack). Clients are made with :func:`make_clients` unless given; a given S3
+    client must sign with ``s3v4`` for :meth:`blob_url`.
+    """
+
+    #: every handle on the same tables sees every write
+    shared = True
+    #: no change feed: waiters re-check this often
+    poll_interval = 0.5
+
+    def __init__(
+        self,
+        resources: K.Resources | None = None,
+        *,
+        region_name: str | None = None,
+        endpoint_url: str | None = None,
+        dynamodb: Any = None,
+        s3: Any = None,
+        blob_refresh_after: float | None = K.BLOB_REFRESH_AFTER,
+    ) -> None:
+        self.resources = resources or K.Resources()
+        self._owns_clients = dynamodb is None or s3 is None
+        if dynamodb is None or s3 is None:
+            made_ddb, made_s3 = make_clients(region_name, endpoint_url)
+            dynamodb, s3 = dynamodb or made_ddb, s3 or made_s3
+        self._ddb = dynamodb
+        self._s3 = s3
+        self._blob_refresh_after = blob_refresh_after
+        self._marker = itertools.count(1)
+        r = self.resources
+        self._queues, self._invocations, self._records = r.queues, r.invocations, r.records
+        self._logs, self._bucket = r.logs, r.bucket
+
+    # --- queues -------------------------------------------------------------------------
+    def put_queue(self, spec: QueueSpec, now: float) -> QueueSpec:
+        item = {
+            K.Q_NAME: {"S": spec.name},
+            K.Q_SPEC: {"B": pack(spec.settings())},
+            K.Q_CREATED: num(now),
+            K.Q_ACTIVITY: num(now),
+            K.Q_CLAIMS: {"N": "0"},
+        }
+        try:
+            self._ddb.put_item(
+                TableName=self._queues,
+                Item=item,
+                ConditionExpression="attribute_not_exists(#n)",
+                ExpressionAttributeNames={"#n": K.Q_NAME},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException" or "Item" not in exc.response:
+                raise
+            return _spec(exc.response["Item"])
+        return spec
+
+    def get_queue(self, name: str) -> QueueSpec | None:
+        out = self._ddb.get_item(
+            TableName=self._queues, Key={K.Q_NAME: {"S": name}}, ConsistentRead=True
+        )
+        return _spec(out["Item"]) if "Item" in out else None
+
+    def list_queues(self) -> list[tuple[QueueSpec, float]]:
+        # The queues table holds one small item per queue: a scan is the listing.
+        items = self._pages(self._ddb.scan, TableName=self._queues, ConsistentRead=True)
+        found = [(_spec(i), float(i[K.Q_ACTIVITY]["N"])) for i in items]
+        return sorted(found, key=lambda pair: pair[0].name)
+
+    def replace_queue(self, spec: QueueSpec, now: float) -> bool:
+        return self._update_queue(
+            spec.name,
+            "SET #s = :s, #a = :a",
+            "attribute_exists(#k)",
+            {"#s": K.Q_SPEC, "#a": K.Q_ACTIVITY},
+            {":s": {"B": pack(spec.settings())}, ":a": num(now)},
+        )
+
+    def delete_queue(self, name: str, *, invocations: bool = True) -> int:
+        gone = 0
+        if invocations:
+            for page in self._queue_index_pages(name, ["id", *K.OFFLOAD_REFS.values()]):
+                self._delete_items(self._invocations, [{"id": i["id"]} for i in page])
+                self._delete_objects(
+                    i[r]["S"] for i in page for r in K.OFFLOAD_REFS.values() if r in i
+                )
+                self._delete_logs(i["id"]["S"] for i in page)
+                gone += len(page)
+            self._ddb.delete_item(TableName=self._records, Key=K.running_key(name))
+        self._ddb.delete_item(TableName=self._queues, Key={K.Q_NAME: {"S": name}})
+        return gone
+
+    def touch_queue(self, name: str, now: float) -> None:
+        self._update_queue(
+            name,
+            "SET #a = :a",
+            "attribute_exists(#k) AND #a < :a",
+            {"#a": K.Q_ACTIVITY},
+            {":a": num(now)},
+        )
+
+    def queue_counter(self, name: str, add: int) -> int:
+        key = {K.Q_NAME: {"S": name}}
+        if add == 0:  # a read: no write units for Boltzmann's temperature look-ups
+            out = self._ddb.get_item(TableName=self._queues, Key=key, ConsistentRead=True)
+            return int(out["Item"][K.Q_CLAIMS]["N"]) if "Item" in out else 0
+        try:
+            out = self._ddb.update_item(
+                TableName=self._queues,
+                Key=key,
+                UpdateExpression="ADD #c :add",
+                ConditionExpression="attribute_exists(#k)",
+                ExpressionAttributeNames={"#c": K.Q_CLAIMS, "#k": K.Q_NAME},
+                ExpressionAttributeValues={":add": num(int(add))},
+                ReturnValues="UPDATED_NEW",
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return 0
+            raise
+        return int(out["Attributes"][K.Q_CLAIMS]["N"])
+
+    def _update_queue(
+        self, name: str, update: str, cond: str, names: dict[str, str], values: dict[str, Any]
+    ) -> bool:
+        try:
+            self._ddb.update_item(
+                TableName=self._queues,
+                Key={K.Q_NAME: {"S": name}},
+                UpdateExpression=update,
+                ConditionExpression=cond,
+                ExpressionAttributeNames={**names, "#k": K.Q_NAME},
+                ExpressionAttributeValues=values,
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return False
+            raise
+        return True
+
+    # --- invocations: insert and read ------------------------------------------------
+    def insert(self, inv: Invocation) -> Invocation | None:
+        item, uploads = new_item(inv)
+        self._upload(uploads)
+        try:
+            self._ddb.put_item(
+                TableName=self._invocations,
+                Item=item,
+                ConditionExpression="attribute_not_exists(#id)",
+                ExpressionAttributeNames={"#id": "id"},
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+            existing = exc.response.get("Item")
+            self._discard(uploads, existing)
+            return self._record(existing) if existing else self.get(inv.id)
+        return None
+
+    def get(self, inv_id: str) -> Invocation | None:
+        out = self._ddb.get_item(
+            TableName=self._invocations, Key={"id": {"S": inv_id}}, ConsistentRead=True
+        )
+        return self._record(out["Item"]) if "Item" in out else None
+
+    def get_many(self, ids: Sequence[str]) -> list[Invocation]:
+        keys = [{"id": {"S": i}} for i in dict.fromkeys(ids)]
+        return [self._record(i) for i in self._batch_get(self._invocations, keys)]
+
+    def _record(self, item: Item) -> Invocation:
+        return invocation(item, self._fetch)
+
+    # --- invocations: compare-and-set ---------------------------------------------------
+    def update_if(
+        self,
+        inv_id: str,
+        expect: Mapping[str, Any],
+        changes: Mapping[str, Any],
+        *,
+        running_below: int | None = None,
+        deadline_after: float | None = None,
+    ) -> Invocation | None:
+        unknown = (set(expect) | set(changes)) - _FIELD_SET
+        if unknown:
+            raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
+        if "id" in changes or "queue" in changes:
+            raise ValueError("an invocation's id and queue never change")
+        if running_below is not None:
+            return self._update_counted(inv_id, expect, changes, running_below, deadline_after)
+        leaving = leaves_running(changes)
+        uploads = plan_changes(Expr(), inv_id, changes).uploads
+        self._upload(uploads)
+        for attempt in range(_TRIES):
+            x = Expr()
+            plan = plan_changes(x, inv_id, changes)
+            clauses = condition(x, inv_id, expect, deadline_after)
+            if leaving:  # a counted item must give its slot back: see _update_counted
+                clauses.append(f"attribute_not_exists({x.n(K.COUNTED)})")
+            try:
+                out = self._ddb.update_item(
+                    TableName=self._invocations,
+                    Key={"id": {"S": inv_id}},
+                    UpdateExpression=plan.expression(x),
+                    ConditionExpression=" AND ".join(clauses),
+                    ReturnValues="ALL_OLD",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                    **x.kwargs(),
+                )
+            except ClientError as exc:
+                code = error_code(exc)
+                if code == "TransactionConflictException":  # a capped claim holds the item
+                    backoff(attempt)
+                    continue
+                if code != "ConditionalCheckFailedException":
+                    raise
+                old = exc.response.get("Item")
+                if (
+                    old
+                    and leaving
+                    and K.COUNTED in old
+                    and holds(old, inv_id, expect, deadline_after)
+                ):
+                    return self._update_counted(
+                        inv_id, expect, changes, None, deadline_after, old, uploaded=True
+                    )
+                self._discard(uploads, old)
+                return None
+            return self._applied(out["Attributes"], changes, plan.refs)
+        raise RuntimeError(f"update of {inv_id!r} kept conflicting; try again")
+
+    def _update_counted(
+        self,
+        inv_id: str,
+        expect: Mapping[str, Any],
+        changes: Mapping[str, Any],
+        running_below: int | None,
+        deadline_after: float | None,
+        old: Item | None = None,
+        *,
+        uploaded: bool = False,
+    ) -> Invocation | None:
+        """An update that moves the queue's running counter, as one transaction.
+
+        Reads the item (unless given), checks ``expect`` here, then writes the update
+        conditioned on the revision it read, together with the counter's ``ADD``
+        (conditioned on ``running < running_below``). A moved revision re-reads and
+        re-checks; a full counter is a refusal.
+        """
+        if running_below is not None and running_below <= 0:
+            return None  # nothing is ever below zero running
+        entering = running_below is not None and changes.get("state") == State.RUNNING
+        leaving = leaves_running(changes)
+        uploads = plan_changes(Expr(), inv_id, changes).uploads
+        if not uploaded:
+            self._upload(uploads)
+        for attempt in range(_TRIES):
+            if old is None:
+                out = self._ddb.get_item(
+                    TableName=self._invocations, Key={"id": {"S": inv_id}}, ConsistentRead=True
+                )
+                old = out.get("Item")
+            if old is None or not holds(old, inv_id, expect, deadline_after):
+                self._discard(uploads, old)
+                return None
+            counted = K.COUNTED in old
+            delta = -1 if leaving and counted else 1 if entering and not counted else 0
+            x = Expr()
+            plan = plan_changes(x, inv_id, changes)
+            if delta == 1:
+                plan.sets.append(f"{x.n(K.COUNTED)} = {x.v({'BOOL': True})}")
+            elif delta == -1:
+                plan.removes.append(x.n(K.COUNTED))
+            clauses = condition(x, inv_id, expect, deadline_after)
+            clauses.append(f"{x.n(K.REV)} = {x.v(old[K.REV])}")
+            update = {
+                "TableName": self._invocations,
+                "Key": {"id": {"S": inv_id}},
+                "UpdateExpression": plan.expression(x),
+                "ConditionExpression": " AND ".join(clauses),
+                "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                **x.kwargs(),
+            }
+            counter = self._counter_action(old["queue"]["S"], delta, running_below)
+            try:
+                if counter is None:
+                    self._ddb.update_item(**update)
+                else:
+                    self._ddb.transact_write_items(TransactItems=[{"Update": update}, counter])
+            except ClientError as exc:
+                code = error_code(exc)
+                if code == "ConditionalCheckFailedException":
+                    old = exc.response.get("Item")
+                    continue
+                reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
+                if code == "TransactionCanceledException" and reasons[:1] == [
+                    "ConditionalCheckFailed"
+                ]:
+                    old = exc.response["CancellationReasons"][0].get("Item")
+                    continue
+                if code == "TransactionCanceledException" and reasons[1:2] == [
+                    "ConditionalCheckFailed"
+                ]:
+                    self._discard(uploads, old)
+                    return None  # the queue is at its cap
+                if code in ("TransactionCanceledException", "TransactionConflictException"):
+                    old = None
+                    backoff(attempt)
+                    continue
+                raise
+            return self._applied(old, changes, plan.refs)
+        raise RuntimeError(f"update of {inv_id!r} kept conflicting; try again")
+
+    def _counter_action(
+        self, queue: str, delta: int, running_below: int | None
+    ) -> dict[str, Any] | None:
+        """The transaction's second action on the queue's running counter, if any."""
+        if delta == 0 and running_below is None:
+            return None
+        action: dict[str, Any] = {"TableName": self._records, "Key": K.running_key(queue)}
+        names = {"#r": K.REC_RUNNING}
+        if running_below is not None:
+            action["ConditionExpression"] = "attribute_not_exists(#r) OR #r < :cap"
+            action["ExpressionAttributeValues"] = {":cap": num(running_below)}
+        if delta == 0:
+            return {"ConditionCheck": {**action, "ExpressionAttributeNames": names}}
+        action["UpdateExpression"] = "ADD #r :d"
+        action.setdefault("ExpressionAttributeValues", {})[":d"] = num(delta)
+        return {"Update": {**action, "ExpressionAttributeNames": names}}
+
+    def _applied(
+        self, old: Item, changes: Mapping[str, Any], refs: Mapping[str, str | None]
+    ) -> Invocation:
+        """The record after an update: the old item with ``changes`` applied. Offloaded
+        objects the update replaced are deleted."""
+        self._delete_objects(
+            old[ref]["S"]
+            for name, ref in K.OFFLOAD_REFS.items()
+            if name in changes and ref in old and old[ref]["S"] != refs.get(name)
+        )
+        rec = self._record(old)
+        for name, value in changes.items():
+            setattr(rec, name, normal(name, value))
+        return rec
+
+    # --- invocations: index reads ----------------------------------------------------
+    def pending(self, queue: str, now: float, limit: int) -> list[Invocation]:
+        if limit <= 0:
+            return []
+        runs = [self._pending_shard(pk, now, limit) for pk in K.pending_pks(queue)]
+        merged = heapq.merge(*runs, key=lambda item: str(item["order_key"]["S"]))
+        return [self._record(i) for i in itertools.islice(merged, limit)]
+
+    def _pending_shard(self, pk: str, now: float, limit: int) -> list[Item]:
+        """The first ``limit`` due items of one pending partition, in order.
+
+        ``Limit`` counts items read before the ``available_at`` filter, so read pages
+        (doubling) until enough are due or the partition ends.
+        """
+        got: list[Item] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self._invocations,
+            "IndexName": K.PENDING_INDEX,
+            "KeyConditionExpression": "#pk = :pk",
+            "FilterExpression": "#av <= :now",
+            "ExpressionAttributeNames": {"#pk": K.PENDING_PK, "#av": "available_at"},
+            "ExpressionAttributeValues": {":pk": {"S": pk}, ":now": num(now)},
+        }
+        page = limit
+        while len(got) < limit:
+            out = self._ddb.query(**kwargs, Limit=page)
+            got += out["Items"]
+            if "LastEvaluatedKey" not in out:
+                break
+            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
+            page = min(page * 2, 1000)
+        return got[:limit]
+
+    def next_available_at(self, queue: str) -> float | None:
+        earliest: list[float] = []
+        for pk in K.pending_pks(queue):
+            out = self._ddb.query(
+                TableName=self._invocations,
+                IndexName=K.DUE_INDEX,
+                KeyConditionExpression="#pk = :pk",
+                ExpressionAttributeNames={"#pk": K.PENDING_PK},
+                ExpressionAttributeValues={":pk": {"S": pk}},
+                Limit=1,
+            )
+            earliest += [float(i["available_at"]["N"]) for i in out["Items"]]
+        return min(earliest, default=None)
+
+    def expired_leases(self, now: float, limit: int) -> list[Invocation]:
+        if limit <= 0:
+            return []
+        runs = []
+        for shard in range(K.LEASE_SHARDS):
+            items = self._pages(
+                self._ddb.query,
+                limit=limit,
+                TableName=self._invocations,
+                IndexName=K.LEASES_INDEX,
+                KeyConditionExpression="#pk = :pk AND #exp < :now",
+                ExpressionAttributeNames={"#pk": K.LEASE_PK, "#exp": "lease_expires_at"},
+                ExpressionAttributeValues={":pk": {"S": f"lease#{shard}"}, ":now": num(now)},
+                Limit=limit,
+            )
+            runs.append(list(items))
+        merged = heapq.merge(*runs, key=lambda i: float(i["lease_expires_at"]["N"]))
+        ids = [i["id"]["S"] for i in itertools.islice(merged, limit)]
+        # the index is eventually consistent: keep what the table says is still lapsed
+        recs = [r for r in self.get_many(ids) if r.state is State.RUNNING]
+        lapsed = [r for r in recs if r.lease_expires_at is not None and r.lease_expires_at < now]
+        return sorted(lapsed, key=lambda r: r.lease_expires_at or 0.0)
+
+    def counts(self, queue: str, now: float) -> dict[str, int]:
+        # One read of the queue's index entries (~100 bytes each): the cost grows with
+        # the queue's history (finished records stay until their tombstone ends).
+        tally: Counter[str] = Counter()
+        for page in self._queue_index_pages(queue, ["state", "available_at"]):
+            for item in page:
+                state = item["state"]["S"]
+                if state == State.PENDING and float(item["available_at"]["N"]) > now:
+                    state = State.SCHEDULED.value
+                tally[state] += 1
+        return dict(tally)
+
+    def list_invocations(
+        self, queue: str, state: str | None, now: float, after: str | None, limit: int
+    ) -> list[Invocation]:
+        if limit <= 0:
+            return []
+        x = Expr()
+        key = f"{x.n('queue')} = {x.v({'S': queue})}"
+        if after is not None:
+            key += f" AND {x.n('id')} > {x.v({'S': after})}"
+        kwargs: dict[str, Any] = {"KeyConditionExpression": key}
+        if state is not None:
+            stored = State.PENDING.value if state == State.SCHEDULED else state
+            filt = f"{x.n('state')} = {x.v({'S': stored})}"
+            if state == State.SCHEDULED:
+                filt += f" AND {x.n('available_at')} > {x.v(num(now))}"
+            elif state == State.PENDING:
+                filt += f" AND {x.n('available_at')} <= {x.v(num(now))}"
+            kwargs["FilterExpression"] = filt
+        items = self._pages(
+            self._ddb.query,
+            limit=limit,
+            TableName=self._invocations,
+            IndexName=K.QUEUE_INDEX,
+            **kwargs,
+            **x.kwargs(),
+        )
+        ids = [i["id"]["S"] for i in itertools.islice(items, limit)]
+        recs = sorted(self.get_many(ids), key=lambda r: r.id)
+        return [r for r in recs if state is None or r.public_state(now).value == state]
+
+    def purge(self, now: float, tombstone_until: float) -> int:
+        touched = 0
+        for shard in range(K.EXPIRY_SHARDS):
+            strip, bury = K.strip_pk(shard), K.bury_pk(shard)
+            for pk in (strip, bury):
+                # a record still in strip# has its output too; in bury# that went already
+                for key in self._expiring(pk, "<", tombstone_until):
+                    touched += self._purge_delete(key, tombstone_until, logs=pk == strip)
+            for key in self._expiring(strip, "<=", now):
+                touched += self._purge_strip(key, strip, bury, now)
+        return touched
+
+    def _expiring(self, pk: str, op: str, when: float) -> list[Item]:
+        return list(
+            self._pages(
+                self._ddb.query,
+                TableName=self._invocations,
+                IndexName=K.EXPIRY_INDEX,
+                KeyConditionExpression=f"#pk = :pk AND #e {op} :t",
+                ExpressionAttributeNames={"#pk": K.PURGE_PK, "#e": "expires_at"},
+                ExpressionAttributeValues={":pk": {"S": pk}, ":t": num(when)},
+                ProjectionExpression="id",
+            )
+        )
+
+    def _purge_delete(self, key: Item, tombstone_until: float, *, logs: bool) -> int:
+        try:
+            out = self._ddb.delete_item(
+                TableName=self._invocations,
+                Key={"id": key["id"]},
+                ConditionExpression="#e < :t",
+                ExpressionAttributeNames={"#e": "expires_at"},
+                ExpressionAttributeValues={":t": num(tombstone_until)},
+                ReturnValues="ALL_OLD",
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return 0
+            raise
+        old = out.get("Attributes", {})
+        self._delete_objects(old[r]["S"] for r in K.OFFLOAD_REFS.values() if r in old)
+        if logs:
+            self._delete_logs_of(key["id"]["S"])
+        return 1
+
+    def _purge_strip(self, key: Item, strip: str, bury: str, now: float) -> int:
+        data = ("payload", "result")
+        refs = [K.OFFLOAD_REFS[f] for f in data]
+        removes = ", ".join(f"#d{n}" for n in range(4))
+        try:
+            out = self._ddb.update_item(
+                TableName=self._invocations,
+                Key={"id": key["id"]},
+                UpdateExpression=f"SET #pk = :bury REMOVE {removes} ADD #rev :one",
+                ConditionExpression="#pk = :strip AND #e <= :now",
+                ExpressionAttributeNames={
+                    "#pk": K.PURGE_PK,
+                    "#e": "expires_at",
+                    "#rev": K.REV,
+                    **{f"#d{n}": a for n, a in enumerate([*data, *refs])},
+                },
+                ExpressionAttributeValues={
+                    ":bury": {"S": bury},
+                    ":strip": {"S": strip},
+                    ":now": num(now),
+                    ":one": {"N": "1"},
+                },
+                ReturnValues="ALL_OLD",
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return 0
+            raise
+        old = out.get("Attributes", {})
+        self._delete_objects(old[r]["S"] for r in refs if r in old)
+        self._delete_logs_of(key["id"]["S"])  # output goes with payload and result
+        return 1 if any(a in old for a in (*data, *refs)) else 0
+
+    def _queue_index_pages(self, queue: str, attrs: list[str]) -> Iterator[list[Item]]:
+        names = {f"#a{n}": a for n, a in enumerate(attrs)}
+        return self._pages(
+            self._ddb.query,
+            by_page=True,
+            TableName=self._invocations,
+            IndexName=K.QUEUE_INDEX,
+            KeyConditionExpression="#q = :q",
+            ProjectionExpression=", ".join(names),
+            ExpressionAttributeNames={"#q": "queue", **names},
+            ExpressionAttributeValues={":q": {"S": queue}},
+        )
+
+    # --- change detection ---------------------------------------------------------------
+    def change_marker(self) -> int:
+        """Changes on every call: DynamoDB has no cheap global change counter, so a
+        waiter re-checks its records on each poll."""
+        return next(self._marker)
+
+    def close(self) -> None:
+        if self._owns_clients:
+            self._ddb.close()
+            self._s3.close()

@@ -1,0 +1,279 @@
+"""The key schema of the DynamoDB + S3 store: every table, index, attribute and prefix.
+
+This is the one module that names them; ``template.yaml`` declares the same tables and
+indexes, and ``tests/test_template.py`` checks that the tables built from the template
+have exactly the indexes named here. Changing a name is a change here and in the
+template, and nowhere else.
+
+Four tables and a bucket::
+
+    queues       name                  one item per queue: spec, activity, claim counter
+    invocations  id                    one item per invocation (+ five indexes)
+    logs         inv, seq              a job's output chunks, one item each
+    records      kind, id              tokens, daemons, data keys, running counters
+    bucket       blob/<digest>         content-addressed blobs
+                 inv/<id>/<field>-<sha256>   payload/result/error/log text too large
+                                             for an item
+
+An invocation item holds every :class:`~dreamlake.lakeshore.plane.model.Invocation`
+field under its own name (a ``None`` field is an absent attribute), plus the derived
+attributes below, which the store keeps in step with the fields on every write.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+
+__all__ = [
+    "BLOB_PREFIX",
+    "COUNTED",
+    "DEADLINE",
+    "DUE_INDEX",
+    "EXPIRY_INDEX",
+    "EXPIRY_SHARDS",
+    "INLINE_MAX",
+    "INVOCATION_INDEXES",
+    "INV_PREFIX",
+    "LEASES_INDEX",
+    "LEASE_PK",
+    "LEASE_SHARDS",
+    "OFFLOAD_REFS",
+    "PENDING_INDEX",
+    "PENDING_PK",
+    "PENDING_SHARDS",
+    "PURGE_AT",
+    "PURGE_PK",
+    "QUEUE_INDEX",
+    "REV",
+    "SHARD_HOME",
+    "TTL_AFTER_EXPIRY",
+    "Resources",
+    "blob_key",
+    "bury_pk",
+    "lease_pk",
+    "offload_key",
+    "pending_pks",
+    "running_key",
+    "shard_home",
+    "strip_pk",
+]
+
+# --- resources -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Physical names of the store's tables and bucket.
+
+    A deployed stack names them (CloudFormation generates the names and hands them to
+    the functions as environment variables, see :meth:`from_env`); the defaults are for
+    moto and ``lakeshore dev``.
+    """
+
+    queues: str = "lakeshore-queues"
+    invocations: str = "lakeshore-invocations"
+    records: str = "lakeshore-records"
+    logs: str = "lakeshore-logs"
+    bucket: str = "lakeshore-blobs"
+
+    @classmethod
+    def from_env(cls) -> Resources:
+        """The names from the environment (a variable that is unset keeps the default)."""
+        given = {field: os.environ[var] for var, field in ENV_VARS.items() if var in os.environ}
+        return cls(**given)
+
+
+#: environment variable → Resources field, as the stack's functions receive them
+ENV_VARS = {
+    "LAKESHORE_QUEUES_TABLE": "queues",
+    "LAKESHORE_INVOCATIONS_TABLE": "invocations",
+    "LAKESHORE_RECORDS_TABLE": "records",
+    "LAKESHORE_LOGS_TABLE": "logs",
+    "LAKESHORE_BLOB_BUCKET": "bucket",
+}
+
+
+#: template.yaml logical id → Resources field (infra/tables.py builds these)
+TABLE_RESOURCES = {
+    "QueuesTable": "queues",
+    "InvocationsTable": "invocations",
+    "RecordsTable": "records",
+    "LogsTable": "logs",
+}
+#: template.yaml logical id of the blob bucket
+BUCKET_RESOURCE = "BlobBucket"
+
+# --- queues table --------------------------------------------------------------------
+#: hash key: the queue name
+Q_NAME = "name"
+#: msgpack of QueueSpec.settings()
+Q_SPEC = "spec"
+Q_CREATED = "created_at"
+#: last submit or claim (touch_queue), for listing and pruning
+Q_ACTIVITY = "last_activity"
+#: queue_counter(): claims made on the queue (Boltzmann annealing reads it)
+Q_CLAIMS = "claims"
+
+# --- records table -------------------------------------------------------------------
+#: hash key: what the record is (one of the REC_* kinds); lists are one Query per kind
+REC_KIND = "kind"
+#: range key: the record's id (a token id, a daemon id, a queue name)
+REC_ID = "id"
+#: msgpack of the token or daemon record
+REC_DOC = "doc"
+REC_TOKEN = "token"
+REC_DAEMON = "daemon"
+#: a data key (id = the key) pointing at a blob: attributes REC_DIGEST, REC_UPDATED
+REC_DATA = "data"
+REC_DIGEST = "digest"
+REC_UPDATED = "updated_at"
+#: the running counter of a capped queue (id = queue name); attribute REC_RUNNING
+REC_RUNNING_KIND = "running"
+#: how many invocations of the queue hold a COUNTED slot
+REC_RUNNING = "running"
+
+
+def running_key(queue: str) -> dict[str, dict[str, str]]:
+    """The records-table key of a queue's running counter."""
+    return {REC_KIND: {"S": REC_RUNNING_KIND}, REC_ID: {"S": queue}}
+
+
+# --- logs table ----------------------------------------------------------------------
+#: hash key: the invocation id (each invocation's output is its own partition)
+LOG_INV = "inv"
+#: range key (N): the entry's seq, as the plane numbers it
+LOG_SEQ = "seq"
+#: the other LogEntry fields are attributes of their own names: stream, text, at,
+#: attempt; text above LOG_INLINE_MAX bytes goes to S3 and LOG_TEXT_REF holds its key
+LOG_TEXT_REF = "text_ref"
+#: log entries are written once and deleted once (never rewritten): inline up to here
+LOG_INLINE_MAX = 64 * 1024
+#: TTL backstop (attribute PURGE_AT) after an entry's time: purge deletes a job's
+#: output with its payload and result; this catches output of records it never saw
+LOG_TTL = 400 * 86400
+
+# --- invocations table: indexes ------------------------------------------------------
+#: pending work in claim order. Hash PENDING_PK, range order_key; projection ALL, so a
+#: claim reads candidates in one Query. Sparse: only pending invocations have PENDING_PK.
+PENDING_INDEX = "pending"
+#: the same pending invocations by available_at (hash PENDING_PK, range available_at,
+#: keys only): next_available_at() is one Query with Limit 1 per shard, not a read of
+#: every pending item.
+DUE_INDEX = "due"
+#: running invocations by lease expiry (hash LEASE_PK, range lease_expires_at, keys
+#: only). Sparse: only running invocations have LEASE_PK.
+LEASES_INDEX = "leases"
+#: finished invocations by expires_at (hash PURGE_PK, range expires_at, keys only), so
+#: purge() reads only what it must strip or delete. Sparse: only records with expires_at.
+EXPIRY_INDEX = "expiry"
+#: every invocation of a queue by id (hash queue, range id), with the few attributes
+#: counts(), list_invocations() and delete_queue() need (QUEUE_INDEX_ATTRS).
+QUEUE_INDEX = "by_queue"
+#: attributes QUEUE_INDEX projects besides its keys
+QUEUE_INDEX_ATTRS = ("state", "available_at", "payload_ref", "result_ref", "error_ref")
+#: every index of the invocations table
+INVOCATION_INDEXES = frozenset({PENDING_INDEX, DUE_INDEX, LEASES_INDEX, EXPIRY_INDEX, QUEUE_INDEX})
+
+# --- invocations table: derived attributes -------------------------------------------
+#: "<queue>#<shard>", written once at insert: the pending partition this invocation
+#: joins whenever it becomes pending (an update copies it into PENDING_PK without
+#: knowing the queue).
+SHARD_HOME = "shard_pk"
+#: = SHARD_HOME while state is pending, absent otherwise (PENDING_INDEX, DUE_INDEX)
+PENDING_PK = "pending_pk"
+#: "lease#<shard>" while state is running, absent otherwise (LEASES_INDEX)
+LEASE_PK = "lease_pk"
+#: "strip#<shard>" while payload or result may still be held past expires_at, then
+#: "bury#<shard>" until the record is deleted; absent without expires_at (EXPIRY_INDEX)
+PURGE_PK = "purge_pk"
+#: the table's TTL attribute: expires_at + TTL_AFTER_EXPIRY, whole epoch seconds. A
+#: backstop only: purge() deletes records itself (TTL deletes within days, not on time)
+PURGE_AT = "purge_at"
+#: started_at + timeout, kept while both are set, so ``deadline_after`` is a condition
+DEADLINE = "deadline"
+#: present while the invocation holds a slot of its queue's running counter (it was
+#: claimed with ``running_below``); leaving running gives the slot back
+COUNTED = "counted"
+#: revision: +1 on every update, so a read-then-write can be made exact
+REV = "rev"
+#: field → attribute holding the S3 key of that field when it is offloaded
+OFFLOAD_REFS = {"payload": "payload_ref", "result": "result_ref", "error": "error_ref"}
+
+# --- sizes and shards ----------------------------------------------------------------
+#: payload, result and (packed) error larger than this go to S3 (INV_PREFIX) and the
+#: item keeps their key. DynamoDB bills every rewrite of an item (submit, claim,
+#: complete, the pending index copy) per KB, so a field inline costs ~5 write units per
+#: KB over its life; an S3 PUT+GET costs about as much as 9. Break-even is ~2 KB; 4 KB
+#: keeps claims of ordinary jobs to one request and every item far below 400 KB.
+INLINE_MAX = 4 * 1024
+#: pending partitions per queue: one partition takes ~1,000 writes/s. Grow it, never
+#: shrink it: readers query shards 0..N-1, so items on a dropped shard would vanish.
+PENDING_SHARDS = 1
+#: partitions of the leases index (written on claim, heartbeat and finish of every
+#: invocation of every queue: ~1,000 writes/s per partition, and lease expiry times
+#: only grow, so a split for heat does not help). The sweep queries every partition,
+#: about once a second per plane: start at one.
+LEASE_SHARDS = 1
+#: partitions of the expiry index (written on finish, strip and delete); purge queries
+#: each twice, about once a minute per plane
+EXPIRY_SHARDS = 1
+#: TTL backstop after expires_at: past any tombstone a plane uses (30 days by default)
+TTL_AFTER_EXPIRY = 35 * 86400
+
+# --- S3 ------------------------------------------------------------------------------
+#: content-addressed blobs (put_blob); a lifecycle rule expires them (template.yaml)
+BLOB_PREFIX = "blob/"
+#: offloaded invocation fields; deleted with their record (purge, delete_queue). A
+#: long lifecycle rule (template.yaml) only catches what a lost write left behind.
+INV_PREFIX = "inv/"
+#: a blob older than this is re-stamped (copied onto itself) when has_blobs() finds it,
+#: so one still in use outlives the blob/ lifecycle rule (BlobRetentionDays, 30 by
+#: default): a blob reported present has at least 23 more days
+BLOB_REFRESH_AFTER = 7 * 86400
+
+
+def _shard(inv_id: str, shards: int) -> int:
+    return zlib.crc32(inv_id.encode()) % shards
+
+
+def shard_home(queue: str, inv_id: str) -> str:
+    return f"{queue}#{_shard(inv_id, PENDING_SHARDS)}"
+
+
+def pending_pks(queue: str) -> list[str]:
+    """Every pending partition of a queue (queue names never contain ``#``)."""
+    return [f"{queue}#{n}" for n in range(PENDING_SHARDS)]
+
+
+def lease_pk(inv_id: str) -> str:
+    return f"lease#{_shard(inv_id, LEASE_SHARDS)}"
+
+
+def strip_pk(shard: int) -> str:
+    return f"strip#{shard}"
+
+
+def bury_pk(shard: int) -> str:
+    return f"bury#{shard}"
+
+
+def expiry_shard(inv_id: str) -> int:
+    return _shard(inv_id, EXPIRY_SHARDS)
+
+
+def blob_key(digest: str) -> str:
+    return f"{BLOB_PREFIX}{digest}"
+
+
+def offload_key(inv_id: str, field: str, sha256: str) -> str:
+    """Content-addressed per invocation: a refused write never clobbers stored bytes.
+
+    The suffix has a fixed length, so distinct ids never share a key.
+    """
+    return f"{INV_PREFIX}{inv_id}/{field}-{sha256}"
+
+
+def log_text_key(inv_id: str, seq: int, sha256: str) -> str:
+    return f"{INV_PREFIX}{inv_id}/log-{seq}-{sha256}"
