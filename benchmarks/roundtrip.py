@@ -1,6 +1,9 @@
-"""Embedded plane figures: sequential round trip (B) and fan-out/gather (A).
+"""Lakeshore figures: sequential round trip (B) and fan-out/gather (A).
 
-    .venv/bin/python benchmarks/embedded.py [--runs 5] [--calls 2000] [--store memory|file]
+    .venv/bin/python benchmarks/roundtrip.py [--runs 5] [--calls 2000] [--store memory|file|serve]
+
+``memory`` and ``file`` are the embedded plane; ``serve`` starts ``lakeshore serve`` on
+loopback (a SQLite file) and talks to it over HTTP, workers included.
 
 B: one producer submits ``square(i)`` and waits for its result, one call at a time,
 with two worker threads serving the queue; p50 and p99 of the round trip.
@@ -30,24 +33,39 @@ def square(x: int) -> int:
 
 
 @contextmanager
+def _target(store: str, tmp: str) -> Iterator[tuple[str, str | None]]:
+    if store == "memory":
+        yield ":memory:", None
+    elif store == "file":
+        yield str(Path(tmp) / "plane.db"), None
+    else:
+        from dreamlake.lakeshore.server import serve_in_thread
+
+        with serve_in_thread(Path(tmp) / "plane.db") as (url, admin):
+            yield url, admin
+
+
+@contextmanager
 def plane(store: str, workers: int = 2) -> Iterator[dls.Dispatch]:
-    with tempfile.TemporaryDirectory() as tmp:
-        target = ":memory:" if store == "memory" else str(Path(tmp) / "plane.db")
-        with dls.Dispatch(target) as dp:
-            stop = threading.Event()
-            q = dls.SyncQueue("bench", dispatch=dp)
-            threads = [
-                threading.Thread(target=dls.run_worker, args=(q,), kwargs={"stop": stop.is_set})
-                for _ in range(workers)
-            ]
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _target(store, tmp) as (target, token),
+        dls.Dispatch(target, token=token) as dp,
+    ):
+        stop = threading.Event()
+        q = dls.SyncQueue("bench", dispatch=dp)
+        threads = [
+            threading.Thread(target=dls.run_worker, args=(q,), kwargs={"stop": stop.is_set})
+            for _ in range(workers)
+        ]
+        for t in threads:
+            t.start()
+        try:
+            yield dp
+        finally:
+            stop.set()
             for t in threads:
-                t.start()
-            try:
-                yield dp
-            finally:
-                stop.set()
-                for t in threads:
-                    t.join()
+                t.join()
 
 
 def round_trips(dp: dls.Dispatch, n: int) -> list[float]:
@@ -78,7 +96,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--round-trips", type=int, default=1000)
-    parser.add_argument("--store", choices=["memory", "file"], default="memory")
+    parser.add_argument("--store", choices=["memory", "file", "serve"], default="memory")
     args = parser.parse_args()
 
     p50s, p99s, rates = [], [], []
@@ -92,7 +110,7 @@ def main() -> None:
             rates.append(fan_out(dp, args.calls))
 
     med = statistics.median
-    print(f"embedded plane ({args.store}), median of {args.runs} runs")
+    print(f"plane: {args.store}, median of {args.runs} runs")
     print(f"  B sequential submit->result  p50 {med(p50s):.3f} ms   p99 {med(p99s):.3f} ms")
     print(f"  A fan-out/gather of {args.calls}, 2 worker threads  {med(rates):,.0f} jobs/s")
 
