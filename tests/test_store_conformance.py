@@ -54,12 +54,26 @@ def sqlite_file(scratch: Path) -> Iterator[Opener]:
     yield lambda: SqliteStore(scratch / "plane.db")
 
 
+@contextmanager
+def dynamodb_moto(scratch: Path) -> Iterator[Opener]:
+    # moto in-process, tables and bucket built from template.yaml's own definitions
+    # (infra/tables.py), requests serialised because moto's conditional writes are not
+    # atomic under threads (the real service's are). Each handle is another process.
+    pytest.importorskip("moto")
+    from dreamlake.lakeshore.stores.dynamo import DynamoStore
+    from infra.tables import moto_stack
+
+    with moto_stack() as (resources, ddb, s3):
+        yield lambda: DynamoStore(resources, dynamodb=ddb, s3=s3)
+
+
 STORES: dict[str, Callable[[Path], AbstractContextManager[Opener]]] = {
     "sqlite-memory": sqlite_memory,
     "sqlite-file": sqlite_file,
+    "dynamodb-moto": dynamodb_moto,
 }
 #: the stores whose handles share data, as separate processes would
-SHARED_STORES = ["sqlite-file"]
+SHARED_STORES = ["sqlite-file", "dynamodb-moto"]
 
 T0 = 1_700_000_000.0
 _OPENER = pytest.StashKey[Opener]()

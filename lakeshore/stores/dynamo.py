@@ -81,6 +81,21 @@ def make_clients(
     return ddb, s3
 
 
+def _own_write(exc: Exception, item: Item, inv_id: str, changes: Mapping[str, Any]) -> bool:
+    """Whether a refused update was refused because of itself: botocore retried it
+    after a first attempt whose answer was lost, and every change is in place.
+
+    (A transaction is safe without this: botocore gives it a ClientRequestToken, so
+    its retry is recognised by DynamoDB.)
+    """
+    metadata = getattr(exc, "response", {}).get("ResponseMetadata", {})
+    return (
+        bool(changes)
+        and metadata.get("RetryAttempts", 0) > 0
+        and holds(item, inv_id, changes, None)
+    )
+
+
 def _spec(item: Item) -> QueueSpec:
     return QueueSpec(name=item[K.Q_NAME]["S"], **unpack(item[K.Q_SPEC]["B"]))
 
@@ -304,6 +319,8 @@ class DynamoStore(DynamoExtras):
                 if code != "ConditionalCheckFailedException":
                     raise
                 old = exc.response.get("Item")
+                if old and _own_write(exc, old, inv_id, changes):
+                    return self._record(old)
                 if (
                     old
                     and leaving
@@ -380,6 +397,8 @@ class DynamoStore(DynamoExtras):
                 code = error_code(exc)
                 if code == "ConditionalCheckFailedException":
                     old = exc.response.get("Item")
+                    if old and _own_write(exc, old, inv_id, changes):
+                        return self._record(old)
                     continue
                 reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
                 if code == "TransactionCanceledException" and reasons[:1] == [
@@ -483,7 +502,7 @@ class DynamoStore(DynamoExtras):
         if limit <= 0:
             return []
         runs = []
-        for shard in range(K.LEASE_SHARDS):
+        for pk in K.lease_pks():
             items = self._pages(
                 self._ddb.query,
                 limit=limit,
@@ -491,7 +510,7 @@ class DynamoStore(DynamoExtras):
                 IndexName=K.LEASES_INDEX,
                 KeyConditionExpression="#pk = :pk AND #exp < :now",
                 ExpressionAttributeNames={"#pk": K.LEASE_PK, "#exp": "lease_expires_at"},
-                ExpressionAttributeValues={":pk": {"S": f"lease#{shard}"}, ":now": num(now)},
+                ExpressionAttributeValues={":pk": {"S": pk}, ":now": num(now)},
                 Limit=limit,
             )
             runs.append(list(items))

@@ -28,9 +28,12 @@ from dataclasses import dataclass
 
 __all__ = [
     "BLOB_PREFIX",
+    "BLOB_REFRESH_AFTER",
+    "BUCKET_RESOURCE",
     "COUNTED",
     "DEADLINE",
     "DUE_INDEX",
+    "ENV_VARS",
     "EXPIRY_INDEX",
     "EXPIRY_SHARDS",
     "INLINE_MAX",
@@ -39,6 +42,11 @@ __all__ = [
     "LEASES_INDEX",
     "LEASE_PK",
     "LEASE_SHARDS",
+    "LOG_INLINE_MAX",
+    "LOG_INV",
+    "LOG_SEQ",
+    "LOG_TEXT_REF",
+    "LOG_TTL",
     "OFFLOAD_REFS",
     "PENDING_INDEX",
     "PENDING_PK",
@@ -46,13 +54,33 @@ __all__ = [
     "PURGE_AT",
     "PURGE_PK",
     "QUEUE_INDEX",
+    "QUEUE_INDEX_ATTRS",
+    "Q_ACTIVITY",
+    "Q_CLAIMS",
+    "Q_CREATED",
+    "Q_NAME",
+    "Q_SPEC",
+    "REC_DAEMON",
+    "REC_DATA",
+    "REC_DIGEST",
+    "REC_DOC",
+    "REC_ID",
+    "REC_KIND",
+    "REC_RUNNING",
+    "REC_RUNNING_KIND",
+    "REC_TOKEN",
+    "REC_UPDATED",
     "REV",
     "SHARD_HOME",
+    "TABLE_RESOURCES",
     "TTL_AFTER_EXPIRY",
     "Resources",
     "blob_key",
     "bury_pk",
+    "expiry_shard",
     "lease_pk",
+    "lease_pks",
+    "log_text_key",
     "offload_key",
     "pending_pks",
     "running_key",
@@ -119,9 +147,9 @@ Q_CLAIMS = "claims"
 # --- records table -------------------------------------------------------------------
 #: hash key: what the record is (one of the REC_* kinds); lists are one Query per kind
 REC_KIND = "kind"
-#: range key: the record's id (a token id, a daemon id, a queue name)
+#: range key: the record's id (a token id, a daemon id, a data key, a queue name)
 REC_ID = "id"
-#: msgpack of the token or daemon record
+#: msgpack of a token or daemon record
 REC_DOC = "doc"
 REC_TOKEN = "token"
 REC_DAEMON = "daemon"
@@ -205,8 +233,9 @@ OFFLOAD_REFS = {"payload": "payload_ref", "result": "result_ref", "error": "erro
 #: payload, result and (packed) error larger than this go to S3 (INV_PREFIX) and the
 #: item keeps their key. DynamoDB bills every rewrite of an item (submit, claim,
 #: complete, the pending index copy) per KB, so a field inline costs ~5 write units per
-#: KB over its life; an S3 PUT+GET costs about as much as 9. Break-even is ~2 KB; 4 KB
-#: keeps claims of ordinary jobs to one request and every item far below 400 KB.
+#: KB over its life; an S3 PUT+GET costs about as much as 9. Break-even is ~2 KB; at 4 KB
+#: the arguments of an ordinary call still need no S3 request, and with payload,
+#: result and error each held to this every item stays far below 400 KB.
 INLINE_MAX = 4 * 1024
 #: pending partitions per queue: one partition takes ~1,000 writes/s. Grow it, never
 #: shrink it: readers query shards 0..N-1, so items on a dropped shard would vanish.
@@ -249,6 +278,11 @@ def pending_pks(queue: str) -> list[str]:
 
 def lease_pk(inv_id: str) -> str:
     return f"lease#{_shard(inv_id, LEASE_SHARDS)}"
+
+
+def lease_pks() -> list[str]:
+    """Every partition of the leases index."""
+    return [f"lease#{n}" for n in range(LEASE_SHARDS)]
 
 
 def strip_pk(shard: int) -> str:

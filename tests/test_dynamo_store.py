@@ -1,0 +1,646 @@
+"""What the DynamoDB + S3 store does beyond the conformance suite: its key schema and
+sparse indexes, the TTL attribute, the 400 KB item guard (S3 offload), blobs and
+presigned URLs, the running counter of capped queues, job output and data keys (checked
+against the SQLite store), and how many requests a job costs.
+
+Everything runs against moto in-process (tables built from template.yaml).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from dreamlake.lakeshore.clock import FakeClock
+from dreamlake.lakeshore.plane import Invocation, Plane, QueueSpec, State, Submission
+from dreamlake.lakeshore.plane.model import LogEntry
+from dreamlake.lakeshore.stores import SqliteStore
+from dreamlake.lakeshore.stores import keys as K
+
+pytest.importorskip("moto")
+
+from dreamlake.lakeshore.stores.dynamo import DynamoStore
+from infra.tables import moto_stack
+
+T0 = 1_700_000_000.0
+BIG = 300 * 1024  # well over the inline limit: together three of these exceed 400 KB
+
+
+@pytest.fixture
+def aws() -> Iterator[tuple[K.Resources, Any, Any]]:
+    with moto_stack() as built:
+        yield built
+
+
+@pytest.fixture
+def open_store(aws: tuple[K.Resources, Any, Any]) -> Iterator[Callable[[], DynamoStore]]:
+    """Opens handles onto one set of tables (each as another process would)."""
+    resources, ddb, s3 = aws
+    handles: list[DynamoStore] = []
+
+    def opener() -> DynamoStore:
+        handles.append(DynamoStore(resources, dynamodb=ddb, s3=s3))
+        return handles[-1]
+
+    yield opener
+    for handle in handles:
+        handle.close()
+
+
+@pytest.fixture
+def store(open_store: Callable[[], DynamoStore]) -> DynamoStore:
+    return open_store()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(T0)
+
+
+def record(inv_id: str, queue: str = "q", **fields: Any) -> Invocation:
+    values: dict[str, Any] = {
+        "state": State.PENDING,
+        "payload": b"payload of " + inv_id.encode(),
+        "request_digest": "d-" + inv_id,
+        "order_key": inv_id,
+        "priority": 0.0,
+        "available_at": T0,
+        "created_at": T0,
+        "max_attempts": 3,
+    }
+    values.update(fields)
+    return Invocation(id=inv_id, queue=queue, **values)
+
+
+def raw(aws: tuple[K.Resources, Any, Any], inv_id: str) -> dict[str, Any]:
+    resources, ddb, _ = aws
+    item: dict[str, Any] = ddb.get_item(
+        TableName=resources.invocations, Key={"id": {"S": inv_id}}, ConsistentRead=True
+    )["Item"]
+    return item
+
+
+def index_ids(aws: tuple[K.Resources, Any, Any], index: str, pk_attr: str, pk: str) -> list[str]:
+    resources, ddb, _ = aws
+    out = ddb.query(
+        TableName=resources.invocations,
+        IndexName=index,
+        KeyConditionExpression="#pk = :pk",
+        ExpressionAttributeNames={"#pk": pk_attr},
+        ExpressionAttributeValues={":pk": {"S": pk}},
+    )
+    return [i["id"]["S"] for i in out["Items"]]
+
+
+def objects(aws: tuple[K.Resources, Any, Any], prefix: str) -> list[str]:
+    resources, _, s3 = aws
+    out = s3.list_objects_v2(Bucket=resources.bucket, Prefix=prefix)
+    return sorted(o["Key"] for o in out.get("Contents", []))
+
+
+@contextmanager
+def requests(*clients: Any) -> Iterator[Counter[str]]:
+    """Counts the AWS requests made through ``clients`` (botocore's event hooks)."""
+    seen: Counter[str] = Counter()
+
+    def count(model: Any, **_: Any) -> None:
+        seen[model.name] += 1
+
+    for client in clients:
+        client.meta.events.register("before-call", count)
+    try:
+        yield seen
+    finally:
+        for client in clients:
+            client.meta.events.unregister("before-call", count)
+
+
+# =======================================================================================
+# Key schema and sparse indexes
+# =======================================================================================
+
+
+def test_a_pending_invocation_has_only_the_pending_index_keys(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # When a pending invocation is inserted
+    store.insert(record("a"))
+    item = raw(aws, "a")
+    # Then it sits in its queue's pending partition, and in no other sparse index
+    home = K.shard_home("q", "a")
+    assert item[K.SHARD_HOME] == item[K.PENDING_PK] == {"S": home}
+    assert not {K.LEASE_PK, K.PURGE_PK, K.PURGE_AT, K.DEADLINE, K.COUNTED} & set(item)
+    assert index_ids(aws, K.PENDING_INDEX, K.PENDING_PK, home) == ["a"]
+    assert index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home) == ["a"]
+
+
+def test_a_claim_moves_an_invocation_from_the_pending_index_to_the_leases_index(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a pending invocation with a 30 s timeout
+    store.insert(record("a", timeout=30.0))
+    # When it is claimed
+    claimed = store.update_if(
+        "a",
+        {"state": State.PENDING, "attempt": 0},
+        {
+            "state": State.RUNNING,
+            "attempt": 1,
+            "lease_token": "t",
+            "lease_expires_at": T0 + 60,
+            "started_at": T0 + 0.25,
+        },
+    )
+    assert claimed is not None
+    item = raw(aws, "a")
+    # Then it left the pending partition and holds a lease entry and its deadline
+    assert K.PENDING_PK not in item
+    assert item[K.LEASE_PK] == {"S": K.lease_pk("a")}
+    assert float(item[K.DEADLINE]["N"]) == T0 + 30.25
+    assert index_ids(aws, K.PENDING_INDEX, K.PENDING_PK, K.shard_home("q", "a")) == []
+    assert index_ids(aws, K.LEASES_INDEX, K.LEASE_PK, K.lease_pk("a")) == ["a"]
+    assert item[K.REV] == {"N": "1"}
+
+
+def test_a_finished_invocation_carries_its_ttl_and_goes_through_strip_then_bury(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a running invocation
+    store.insert(record("a", state=State.RUNNING, lease_token="t", lease_expires_at=T0 + 60))
+    # When it completes, expiring at T0 + 100
+    expect = {"state": State.RUNNING, "lease_token": "t"}
+    changes = {
+        "state": State.SUCCEEDED,
+        "result": b"r",
+        "expires_at": T0 + 100,
+        "lease_expires_at": None,
+    }
+    assert store.update_if("a", expect, changes) is not None
+    item = raw(aws, "a")
+    # Then it has left the leases index, waits in a strip partition, and has its TTL
+    shard = K.expiry_shard("a")
+    assert not {K.LEASE_PK, K.PENDING_PK, "lease_expires_at"} & set(item)
+    assert item[K.PURGE_PK] == {"S": K.strip_pk(shard)}
+    assert int(item[K.PURGE_AT]["N"]) == int(T0 + 100 + K.TTL_AFTER_EXPIRY)
+    # When purge passes its expiry, it is stripped and moves to the bury partition
+    assert store.purge(T0 + 100, T0 - 1000) == 1
+    item = raw(aws, "a")
+    assert item[K.PURGE_PK] == {"S": K.bury_pk(shard)}
+    assert not {"payload", "result"} & set(item)
+    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(shard)) == []
+
+
+def test_none_is_an_absent_attribute_never_a_null(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a record with a lease token and worker
+    store.insert(record("a", lease_token="t", worker="w"))
+    # When they are set to None
+    store.update_if("a", {"lease_token": "t"}, {"lease_token": None, "worker": None})
+    # Then the attributes are gone, and no attribute anywhere is a NULL
+    item = raw(aws, "a")
+    assert not {"lease_token", "worker", "timeout", "result", "error"} & set(item)
+    assert not [name for name, value in item.items() if "NULL" in value]
+
+
+def test_numbers_round_trip_exactly(store: DynamoStore) -> None:
+    rec = record(
+        "a",
+        priority=0.1 + 0.2,
+        available_at=T0 + 1e-6,
+        created_at=1e16,
+        timeout=2.5e-5,
+        progress=1 / 3,
+        progress_message="a third",
+    )
+    store.insert(rec)
+    assert store.get("a") == rec
+
+
+# =======================================================================================
+# The 400 KB item limit: large fields live in S3
+# =======================================================================================
+
+
+def test_large_payload_result_and_error_go_to_s3_and_read_back(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a record whose payload, result and error are 300 KB each (900 KB in all)
+    error = {"type": "E", "message": "m", "traceback": "x" * BIG, "pickled": None}
+    rec = record("big", state=State.FAILED, payload=b"p" * BIG, result=b"r" * BIG, error=error)
+    # When it is inserted
+    assert store.insert(rec) is None
+    # Then the item is small and names its S3 objects; a read restores every field
+    item = raw(aws, "big")
+    assert sum(len(str(v)) for v in item.values()) < 4096
+    assert set(K.OFFLOAD_REFS.values()) <= set(item)
+    assert objects(aws, "inv/big/") == sorted(item[r]["S"] for r in K.OFFLOAD_REFS.values())
+    assert store.get("big") == rec
+    assert store.get_many(["big"]) == [rec]
+
+
+def test_a_field_at_the_inline_limit_stays_in_the_item(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    store.insert(record("edge", payload=b"e" * K.INLINE_MAX))
+    assert "payload" in raw(aws, "edge")
+    store.insert(record("over", payload=b"o" * (K.INLINE_MAX + 1)))
+    assert "payload_ref" in raw(aws, "over")
+
+
+def test_a_string_field_too_large_for_an_item_is_refused_before_any_request(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    _, ddb, s3 = aws
+    with requests(ddb, s3) as seen, pytest.raises(ValueError, match="worker"):
+        store.insert(record("a", worker="w" * (K.INLINE_MAX + 1)))
+    assert not seen
+
+
+def test_reading_candidates_fetches_no_offloaded_field(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given three pending invocations with large payloads
+    for n in range(3):
+        store.insert(record(f"p{n}", payload=bytes([n]) * BIG))
+    s3 = aws[2]
+    # When pending() reads them, nothing comes from S3
+    with requests(s3) as seen:
+        got = store.pending("q", T0, 10)
+    assert [r.id for r in got] == ["p0", "p1", "p2"]
+    assert not seen
+    # Until a payload is read: then exactly that one
+    with requests(s3) as seen:
+        assert got[1].payload == b"\x01" * BIG
+        assert got[1].payload == b"\x01" * BIG
+    assert seen == Counter({"GetObject": 1})
+
+
+def test_a_claim_through_the_plane_hands_out_an_offloaded_payload(
+    store: DynamoStore, clock: FakeClock
+) -> None:
+    plane = Plane(store, clock=clock)
+    plane.ensure_queue(QueueSpec("q"))
+    plane.submit([Submission("big", "q", b"b" * BIG)])
+    [claim] = plane.claim(["q"], "w")
+    assert claim.payload == b"b" * BIG
+    plane.complete(claim.id, claim.lease_token, b"r" * BIG)
+    assert plane.get("big").result == b"r" * BIG
+
+
+def test_an_update_that_replaces_an_offloaded_field_deletes_the_old_object(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a record with a large result
+    store.insert(record("a", state=State.RUNNING, lease_token="t", result=b"1" * BIG))
+    [old] = objects(aws, "inv/a/")
+    # When the result is replaced by another large one, then by a small one
+    store.update_if("a", {"lease_token": "t"}, {"result": b"2" * BIG})
+    [new] = objects(aws, "inv/a/")
+    assert new != old
+    updated = store.update_if("a", {"lease_token": "t"}, {"result": b"small"})
+    # Then no object is left behind, and the record reads back right
+    assert objects(aws, "inv/a/") == []
+    assert updated is not None and updated.result == b"small"
+    assert store.get("a") == updated
+
+
+def test_a_refused_write_leaves_no_object_behind(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a record with a large payload
+    original = record("a", payload=b"1" * BIG)
+    store.insert(original)
+    before = objects(aws, "inv/a/")
+    # When another record with that id and another large payload is inserted,
+    # and an update with a large result is refused
+    assert store.insert(record("a", payload=b"2" * BIG)) == original
+    assert store.update_if("a", {"lease_token": "no"}, {"result": b"3" * BIG}) is None
+    # Then only the original's object remains, and the record is unchanged
+    assert objects(aws, "inv/a/") == before
+    assert store.get("a") == original
+
+
+def test_purge_and_queue_deletion_delete_offloaded_objects(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a finished record past expiry and a pending one, each with large fields
+    store.insert(record("done", state=State.SUCCEEDED, result=b"r" * BIG, expires_at=T0 - 1))
+    store.insert(record("waiting", "other", payload=b"p" * BIG))
+    # When the store is purged, the stripped record's objects go
+    assert store.purge(T0, T0 - 1000) == 1
+    assert objects(aws, "inv/done/") == []
+    # And when the other queue is deleted with its invocations, so do theirs
+    assert store.delete_queue("other") == 1
+    assert objects(aws, "inv/") == []
+
+
+# =======================================================================================
+# Blobs and presigned URLs
+# =======================================================================================
+
+
+def test_blobs_round_trip_under_their_prefix(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    store.put_blob("d1", b"\x00bytes\xff", T0)
+    store.put_blob("d1", b"other", T0)  # a second put is a no-op
+    assert store.get_blob("d1") == b"\x00bytes\xff"
+    assert objects(aws, K.BLOB_PREFIX) == [K.blob_key("d1")]
+    assert store.has_blobs(["d1", "d2"]) == {"d1"}
+    assert store.get_blob("d2") is None
+
+
+def test_a_blob_found_in_use_is_restamped_once_old(
+    open_store: Callable[[], DynamoStore], aws: tuple[K.Resources, Any, Any]
+) -> None:
+    resources, ddb, s3 = aws
+    fresh = open_store()
+    fresh.put_blob("d1", b"x", T0)
+    # A recent blob is only looked at
+    with requests(s3) as seen:
+        assert fresh.has_blobs(["d1"]) == {"d1"}
+    assert seen == Counter({"HeadObject": 1})
+    # One older than the refresh age is copied onto itself, which resets its expiry
+    old = DynamoStore(resources, dynamodb=ddb, s3=s3, blob_refresh_after=-1.0)
+    with requests(s3) as seen:
+        assert old.has_blobs(["d1"]) == {"d1"}
+    assert seen == Counter({"HeadObject": 1, "CopyObject": 1})
+    assert old.get_blob("d1") == b"x"
+
+
+@pytest.mark.parametrize(("method", "ttl"), [("GET", 900), ("PUT", 60)])
+def test_blob_url_is_a_sigv4_presigned_s3_url(store: DynamoStore, method: str, ttl: int) -> None:
+    url = store.blob_url(method, "ab" * 32, ttl)
+    parts = urlsplit(url)
+    query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    assert parts.scheme == "https"
+    assert parts.netloc == f"{K.Resources().bucket}.s3.amazonaws.com"
+    assert parts.path == "/" + K.blob_key("ab" * 32)
+    assert query["X-Amz-Algorithm"] == "AWS4-HMAC-SHA256"
+    assert query["X-Amz-Expires"] == str(ttl)
+    assert query["X-Amz-Credential"].endswith("/us-east-1/s3/aws4_request")
+    assert query["X-Amz-SignedHeaders"] == "host"
+    assert len(query["X-Amz-Signature"]) == 64
+
+
+def test_blob_url_refuses_other_methods_and_lifetimes(store: DynamoStore) -> None:
+    with pytest.raises(ValueError, match="GET or PUT"):
+        store.blob_url("DELETE", "d", 60)
+    with pytest.raises(ValueError, match="7 days"):
+        store.blob_url("GET", "d", 8 * 86400)
+
+
+# =======================================================================================
+# The running counter of capped queues
+# =======================================================================================
+
+
+def running_counter(aws: tuple[K.Resources, Any, Any], queue: str) -> int:
+    resources, ddb, _ = aws
+    out = ddb.get_item(TableName=resources.records, Key=K.running_key(queue), ConsistentRead=True)
+    return int(out["Item"][K.REC_RUNNING]["N"]) if "Item" in out else 0
+
+
+def test_every_way_out_of_running_gives_a_capped_queues_slot_back(
+    open_store: Callable[[], DynamoStore], aws: tuple[K.Resources, Any, Any], clock: FakeClock
+) -> None:
+    # Given a queue capped at 2 running, six submissions, and two planes on separate
+    # handles (one claims, the other answers, as two Lambda instances would)
+    claimer = Plane(open_store(), clock=clock, lease_seconds=10)
+    answerer = Plane(open_store(), clock=clock, lease_seconds=10)
+    claimer.ensure_queue(QueueSpec("capped", elasticity={"kind": "fixed", "max": 2}))
+    claimer.submit([Submission(f"j{n}", "capped", b"x") for n in range(6)])
+
+    def claim_all() -> list[Any]:
+        return claimer.claim(["capped"], "w", limit=6)
+
+    # When workers ask for everything, only two run
+    first = claim_all()
+    assert len(first) == 2 and running_counter(aws, "capped") == 2
+    assert claim_all() == []
+    # Then each way out of running frees a slot: complete, fail, cancel, release ...
+    answerer.complete(first[0].id, first[0].lease_token, b"r")
+    assert running_counter(aws, "capped") == 1
+    [second] = claim_all()
+    error = {"type": "E", "message": "m", "traceback": "", "pickled": None}
+    assert answerer.fail(first[1].id, first[1].lease_token, error) is State.FAILED
+    [third] = claim_all()
+    assert answerer.cancel(second.id) is State.CANCELLED
+    [fourth] = claim_all()
+    answerer.release(third.id, third.lease_token)
+    assert running_counter(aws, "capped") == 1
+    # ... and a lease that runs out
+    clock.advance(11)
+    answerer.sweep()
+    assert running_counter(aws, "capped") == 0
+    assert answerer.get(fourth.id).state is State.PENDING
+    # And the counter always equals the running invocations
+    assert len(claim_all()) == 2
+    assert running_counter(aws, "capped") == answerer.counts("capped")["running"] == 2
+
+
+def test_capped_claims_from_many_threads_never_exceed_the_cap(
+    open_store: Callable[[], DynamoStore], aws: tuple[K.Resources, Any, Any], clock: FakeClock
+) -> None:
+    # Given 30 jobs on a queue capped at 3, and 6 workers on 3 handles that complete
+    # what they claim
+    planes = [Plane(open_store(), clock=clock) for _ in range(3)]
+    planes[0].ensure_queue(QueueSpec("capped", elasticity={"kind": "fixed", "max": 3}))
+    planes[0].submit([Submission(f"j{n:02d}", "capped", b"x") for n in range(30)])
+    peak = 0
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        nonlocal peak
+        plane = planes[n % 3]
+        while claims := plane.claim(["capped"], f"w{n}"):
+            with lock:
+                peak = max(peak, plane.counts("capped")["running"])
+            for c in claims:
+                plane.complete(c.id, c.lease_token, b"r")
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    # Then every job finished, never more than 3 ran at once, and the counter is back to 0
+    assert planes[0].counts("capped")["succeeded"] == 30
+    assert peak <= 3
+    assert running_counter(aws, "capped") == 0
+
+
+def test_queues_without_a_cap_never_touch_a_counter(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any], clock: FakeClock
+) -> None:
+    plane = Plane(store, clock=clock)
+    plane.ensure_queue(QueueSpec("free"))
+    plane.submit([Submission("a", "free", b"x")])
+    _, ddb, _ = aws
+    with requests(ddb) as seen:
+        [c] = plane.claim(["free"], "w")
+        plane.complete(c.id, c.lease_token, b"r")
+    assert "TransactWriteItems" not in seen
+    assert running_counter(aws, "free") == 0
+
+
+# =======================================================================================
+# Job output and data keys: as the SQLite store keeps them
+# =======================================================================================
+
+
+def _log_story(store: Any) -> list[Any]:
+    """One sequence of log operations; returns everything it read."""
+    big = "x" * (K.LOG_INLINE_MAX + 10)
+    store.append_logs(
+        "a", [LogEntry(1, "stdout", "one\n", T0, 1), LogEntry(2, "stderr", "two", T0, 1)]
+    )
+    store.append_logs(
+        "a", [LogEntry(2, "stdout", "resent", T0 + 1, 1), LogEntry(3, "stdout", big, T0 + 1, 1)]
+    )
+    store.append_logs("b", [LogEntry(1, "stdout", "other", T0, 1)])
+    store.append_logs("a", [])
+    return [
+        store.read_logs("a", 0, 10),
+        store.read_logs("a", 1, 1),
+        store.read_logs("a", 3, 10),
+        store.read_logs("b", 0, 10),
+        store.read_logs("missing", 0, 10),
+    ]
+
+
+def test_logs_behave_as_in_the_sqlite_store(store: DynamoStore) -> None:
+    sqlite = SqliteStore(":memory:")
+    try:
+        expected = _log_story(sqlite)
+    finally:
+        sqlite.close()
+    assert _log_story(store) == expected
+    # the resent entry kept its first text
+    assert [e.text for e in expected[0][:2]] == ["one\n", "two"]
+
+
+def test_purge_and_queue_deletion_delete_a_jobs_output(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    big = "y" * (K.LOG_INLINE_MAX + 1)
+    store.insert(record("done", state=State.SUCCEEDED, result=b"r", expires_at=T0 - 1))
+    store.insert(record("running", "other", state=State.RUNNING))
+    for inv_id in ("done", "running"):
+        store.append_logs(
+            inv_id, [LogEntry(1, "stdout", "out", T0, 1), LogEntry(2, "stdout", big, T0, 1)]
+        )
+    assert len(objects(aws, "inv/")) == 2
+    # When the finished record is stripped, its output goes with its result
+    store.purge(T0, T0 - 1000)
+    assert store.read_logs("done", 0, 10) == []
+    assert len(store.read_logs("running", 0, 10)) == 2
+    # And when a queue is deleted with its invocations, theirs goes too
+    store.delete_queue("other")
+    assert store.read_logs("running", 0, 10) == []
+    assert objects(aws, "inv/") == []
+
+
+def _data_key_story(store: Any) -> list[dict[str, str]]:
+    store.put_data_key("models/a", "d1", T0)
+    store.put_data_key("models/b", "d2", T0)
+    first = store.get_data_keys(["models/a", "models/b", "missing"])
+    store.put_data_key("models/a", "d3", T0 + 1)
+    return [first, store.get_data_keys(["models/a", "models/a"]), store.get_data_keys([])]
+
+
+def test_data_keys_behave_as_in_the_sqlite_store(store: DynamoStore) -> None:
+    sqlite = SqliteStore(":memory:")
+    try:
+        expected = _data_key_story(sqlite)
+    finally:
+        sqlite.close()
+    assert _data_key_story(store) == expected
+
+
+# =======================================================================================
+# Cost: requests per job
+# =======================================================================================
+
+
+def test_requests_per_submit_claim_and_complete(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any], clock: FakeClock
+) -> None:
+    # Given a plane whose first claim has swept and purged
+    _, ddb, s3 = aws
+    plane = Plane(store, clock=clock)
+    plane.ensure_queue(QueueSpec("jobs"))
+    plane.claim(["jobs"], "w")
+    jobs = 10
+
+    def one_by_one(step: Callable[[int], None]) -> Counter[str]:
+        # a second apart: each claim sweeps expired leases, each call touches the queue
+        with requests(ddb, s3) as counted:
+            for n in range(jobs):
+                clock.advance(1)
+                step(n)
+        return counted
+
+    # When 1 KB jobs are submitted, claimed and completed one at a time
+    claims: list[Any] = []
+    submit = one_by_one(lambda n: plane.submit([Submission(f"j{n}", "jobs", b"x" * 1000)]))
+    claim = one_by_one(lambda n: claims.extend(plane.claim(["jobs"], "w")))
+    complete = one_by_one(lambda n: plane.complete(claims[n].id, claims[n].lease_token, b"r"))
+    print(
+        f"\nrequests per job: submit {dict(submit)}, claim {dict(claim)}, complete {dict(complete)}"
+    )
+    # Then a submit is a queue read, the conditional put and an activity touch
+    assert submit == Counter({"GetItem": jobs, "PutItem": jobs, "UpdateItem": jobs})
+    # a claim is the sweep's lease queries, a queue read, one pending Query, the
+    # conditional update and an activity touch
+    queries = jobs * (K.LEASE_SHARDS + K.PENDING_SHARDS)
+    assert claim == Counter({"Query": queries, "GetItem": jobs, "UpdateItem": 2 * jobs})
+    # and a complete is one conditional update
+    assert complete == Counter({"UpdateItem": jobs})
+
+
+# =======================================================================================
+# A retried request
+# =======================================================================================
+
+
+@contextmanager
+def first_answer_lost(client: Any, operation: str) -> Iterator[None]:
+    """botocore retries the first ``operation`` as if its (successful) answer was lost."""
+
+    def retry_first(attempts: int, **_: Any) -> float | None:
+        return 0.0 if attempts == 1 else None
+
+    event = f"needs-retry.{client.meta.service_model.endpoint_prefix}.{operation}"
+    client.meta.events.register_first(event, retry_first)
+    try:
+        yield
+    finally:
+        client.meta.events.unregister(event, retry_first)
+
+
+def test_an_update_whose_answer_was_lost_is_not_refused_by_its_own_retry(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a pending record
+    store.insert(record("a"))
+    _, ddb, _ = aws
+    # When a claim's first attempt succeeds but its answer is lost, and botocore retries
+    with requests(ddb) as seen, first_answer_lost(ddb, "UpdateItem"):
+        claimed = store.update_if(
+            "a", {"state": State.PENDING}, {"state": State.RUNNING, "lease_token": "mine"}
+        )
+    # Then the retry's failed condition is recognised as the claim's own write
+    assert seen == Counter({"UpdateItem": 1})
+    assert claimed is not None and claimed.lease_token == "mine"
+    # While a refusal after a retry that someone else's write caused stays a refusal
+    with first_answer_lost(ddb, "UpdateItem"):
+        assert store.update_if("a", {"state": State.RUNNING}, {"lease_token": "theirs"})
+        assert store.update_if("a", {"state": State.PENDING}, {"lease_token": "late"}) is None
