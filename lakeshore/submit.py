@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import CancelledError, ExpiredInvocation, InvocationDead
 from .plane.model import Invocation, RetryPolicy, State
-from .wire import decode_error, decode_result, result_blob
+from .wire import decode_error, decode_result, result_blob, verified
 
 if TYPE_CHECKING:
     from .dispatch import Dispatch
@@ -94,7 +94,7 @@ def outcome(rec: Invocation, transport: Transport) -> Any:
     if rec.state is State.SUCCEEDED:
         assert rec.result is not None
         ref = result_blob(rec.result)
-        return decode_result(rec.result if ref is None else transport.get_blob(ref))
+        return decode_result(rec.result if ref is None else verified(ref, transport.get_blob(ref)))
     message = str((rec.error or {}).get("message") or "")
     if rec.state is State.CANCELLED:
         raise CancelledError(f"invocation {rec.id!r} was cancelled")

@@ -47,6 +47,7 @@ __all__ = [
     "encode_result",
     "pack",
     "result_blob",
+    "verified",
     "unpack",
 ]
 
@@ -220,7 +221,7 @@ def decode_payload(data: bytes) -> dict[str, Any]:
     if env.get("v") != WIRE_VERSION:
         raise InvalidRequest(f"payload wire version {env.get('v')!r} is not {WIRE_VERSION}")
     kind = env.get("kind")
-    if kind not in _REQUIRED:
+    if not isinstance(kind, str) or kind not in _REQUIRED:
         raise InvalidRequest(f"unknown payload kind {kind!r}")
     for key, typ in _REQUIRED[kind].items():
         if not isinstance(env.get(key), typ):
@@ -284,8 +285,24 @@ def decode_result(data: bytes) -> Any:
     if env.get("kind") == "data":
         return env.get("value")
     if env.get("kind") == "pickle":
-        return pickle.loads(env["data"])
+        pickled = env.get("data")
+        if not isinstance(pickled, bytes):
+            raise InvalidRequest("pickle result envelope needs bytes")
+        try:
+            return pickle.loads(pickled)
+        except Exception as exc:
+            raise SerializationError(
+                f"the result cannot be unpickled here: {type(exc).__name__}: {exc}"
+            ) from exc
     raise InvalidRequest(f"unknown result kind {env.get('kind')!r}")
+
+
+def verified(digest_hex: str, data: bytes) -> bytes:
+    """``data`` if its SHA-256 is ``digest_hex``; else :class:`InvalidRequest` (a blob
+    that was changed after it was named is never used)."""
+    if hashlib.sha256(data).hexdigest() != digest_hex:
+        raise InvalidRequest(f"blob {digest_hex[:12]}… does not match its digest: refused")
+    return data
 
 
 def encode_error(exc: BaseException) -> dict[str, Any]:

@@ -24,7 +24,14 @@ from typing import Any, Protocol, cast
 from ..errors import InvalidRequest, SerializationError
 from ..plane.model import Claim
 from ..progress import Reporter, reporting
-from ..wire import PY_VERSION, decode_payload, encode_error, encode_manifest, encode_result
+from ..wire import (
+    PY_VERSION,
+    decode_payload,
+    encode_error,
+    encode_manifest,
+    encode_result,
+    verified,
+)
 
 __all__ = ["BlobSource", "Executor", "Outcome", "OutputHook"]
 
@@ -123,7 +130,7 @@ class Executor:
             try:
                 raw = env.get("args")
                 if raw is None:
-                    raw = self._source.get_blob(env["args_ref"])
+                    raw = verified(env["args_ref"], self._source.get_blob(env["args_ref"]))
                 args, kwargs = pickle.loads(raw)
             except Exception as exc:
                 raise _LoadError(self._load_message("its arguments", env, exc)) from exc
@@ -148,7 +155,7 @@ class Executor:
             self._fns.move_to_end(digest)
             return fn
         try:
-            body = self._source.get_blob(digest)
+            body = verified(digest, self._source.get_blob(digest))
         except Exception as exc:
             raise _LoadError(f"function body {digest[:12]}… is not on the plane: {exc}") from exc
         try:

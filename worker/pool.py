@@ -33,7 +33,7 @@ from typing import Any
 from ..dispatch import Dispatch
 from ..errors import LakeshoreError, Throttled, Unavailable
 from ..plane.model import Claim
-from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload
+from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload, verified
 from .execute import Outcome
 from .loop import default_worker_id
 from .report import report_many
@@ -265,8 +265,17 @@ class ProcessWorker:
                 blobs[fn] = self._blob(fn)
             if env.get("args_ref"):
                 blobs[env["args_ref"]] = self._blob(env["args_ref"])
-        except LakeshoreError:
-            pass  # the child reports what it cannot load
+        except LakeshoreError as exc:
+            # nothing to run: fail it here, with the reason, and keep the slot free
+            error = {
+                "type": "dreamlake.lakeshore.CannotLoad",
+                "message": f"cannot load the call on this worker: {exc}",
+                "traceback": "",
+                "pickled": None,
+            }
+            self._done.append((claim, Outcome(ok=False, error=error, retryable=False)))
+            self.completed += 1
+            return
         with self._lock:
             slot.claim = claim
             slot.deadline = time.monotonic() + claim.timeout if claim.timeout else None
@@ -280,7 +289,7 @@ class ProcessWorker:
     def _blob(self, digest: str) -> bytes:
         data = self._blob_cache.get(digest)
         if data is None:
-            data = self.transport.get_blob(digest)
+            data = verified(digest, self.transport.get_blob(digest))
             if len(self._blob_cache) > 256:
                 self._blob_cache.clear()
             self._blob_cache[digest] = data

@@ -40,17 +40,37 @@ def pick_type(content_type: str | None, accept: str | None) -> str:
     return MSGPACK if _media(content_type) in (MSGPACK, "application/x-msgpack") else JSON
 
 
+_INT_LIMIT = 2**63
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest("strings must be valid Unicode (no lone surrogates)") from None
+
+
 def _depth(value: Any, level: int = 0) -> None:
+    """Reject what no store can hold: deep nesting, non-string keys, lone surrogates,
+    integers past 64 bits and non-finite floats."""
     if level > _MAX_DEPTH:
         raise InvalidRequest(f"body nests deeper than {_MAX_DEPTH} levels")
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
                 raise InvalidRequest("map keys must be strings")
+            _check_text(k)
             _depth(v, level + 1)
     elif isinstance(value, list):
         for v in value:
             _depth(v, level + 1)
+    elif isinstance(value, str):
+        _check_text(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if abs(value) >= _INT_LIMIT:
+            raise InvalidRequest("integers must fit in 64 bits")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequest("numbers must be finite")
 
 
 def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[str, Any]:

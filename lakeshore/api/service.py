@@ -59,6 +59,8 @@ _SUBMISSION: dict[str, Any] = {
     "max_attempts": (int, type(None)),
     "retry": (dict, type(None)),
 }
+#: the longest delay a submit may ask for (a year)
+_MAX_DELAY = 366 * 86400.0
 #: a daemon not heard from for this long no longer counts as a live worker
 _DAEMON_STALE = 300.0
 
@@ -168,7 +170,7 @@ class Service:
         create = body.pop("create", True)
         check = body.pop("check", [])
         ident.check_queue(body["name"])
-        if not all(isinstance(c, str) and c in _QUEUE_FIELDS for c in check):
+        if not all(isinstance(c, str) and c in _QUEUE_FIELDS and c != "name" for c in check):
             raise InvalidRequest("check must list queue settings")
         spec = QueueSpec(**{k: v for k, v in body.items() if v is not None})
         stored = self.plane.ensure_queue(spec, create=create, check=check)
@@ -218,10 +220,18 @@ class Service:
         if not items or len(items) > self.limits.max_batch:
             raise InvalidRequest(f"invocations must hold 1 to {self.limits.max_batch} items")
         subs = [self._submission(ident, item, i) for i, item in enumerate(items)]
-        for name in {s.queue for s in subs}:
+        created = []
+        for name in sorted({s.queue for s in subs}):
             if self.plane.store.get_queue(name) is None:
                 self.plane.ensure_queue(QueueSpec(name))  # first submit creates, as in the SDK
-        return {"ids": self.plane.submit(subs)}
+                created.append(name)
+        try:
+            return {"ids": self.plane.submit(subs)}
+        except LakeshoreError:
+            for name in created:  # a refused submit leaves no queue behind
+                if not any(self.plane.counts(name).values()):
+                    self.plane.delete_queue(name)
+            raise
 
     def _submission(self, ident: Identity, item: Any, i: int) -> Submission:
         where = f"invocations[{i}]"
@@ -252,6 +262,8 @@ class Service:
                 where=f"{where}.exec",
             )
             payload = encode_exec(spec["cmd"], spec.get("env"), spec.get("cwd")).payload
+        if not 0 <= float(body.get("delay") or 0.0) <= _MAX_DELAY:
+            raise InvalidRequest(f"{where}.delay must be 0 to {_MAX_DELAY:.0f} seconds")
         priority = body.get("priority")
         if priority is None:
             stored = self.plane.store.get_queue(body["queue"])
@@ -391,10 +403,19 @@ class Service:
             out.append(fields(item, schema, required=required, where=f"{key}[{i}]"))
         return out
 
+    def _leased_in_scope(self, ident: Identity, ids: list[str]) -> None:
+        """A worker answers only for invocations of queues in its scopes (a lease token
+        alone is not enough: it could have leaked)."""
+        if ident.role == "admin":
+            return
+        for rec in self.plane.get_many(ids):
+            ident.check_queue(rec.queue)
+
     def heartbeat(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require("worker")
         body = fields(body, {"leases": list, "lease_seconds": _OPT_NUM}, required=("leases",))
         leases = self._batch(body, "leases", {"id": str, "lease_token": str}, ("id", "lease_token"))
+        self._leased_in_scope(ident, [x["id"] for x in leases])
         answers = [
             asdict(
                 self.plane.heartbeat(
@@ -414,6 +435,7 @@ class Service:
             {"id": str, "lease_token": str, "result": (bytes, str)},
             ("id", "lease_token", "result"),
         )
+        self._leased_in_scope(ident, [x["id"] for x in items])
         answers = []
         for x in items:
             result = as_bytes(x["result"], "result")
@@ -431,6 +453,7 @@ class Service:
         fields(body, {"failures": list}, required=("failures",))
         schema = {"id": str, "lease_token": str, "error": dict, "retryable": bool}
         items = self._batch(body, "failures", schema, ("id", "lease_token", "error"))
+        self._leased_in_scope(ident, [x["id"] for x in items])
         answers = []
         for x in items:
             error = fields(
@@ -451,6 +474,7 @@ class Service:
         ident.require("worker")
         fields(body, {"leases": list}, required=("leases",))
         items = self._batch(body, "leases", {"id": str, "lease_token": str}, ("id", "lease_token"))
+        self._leased_in_scope(ident, [x["id"] for x in items])
         answers = []
         for x in items:
             try:
@@ -482,6 +506,7 @@ class Service:
             if not ok:
                 raise InvalidRequest(f"chunks[{i}] must be [n, stream, text]")
             parsed.append((c[0], c[1], c[2]))
+        self._leased_in_scope(ident, [body["id"]])
         self.plane.append_logs(body["id"], body["lease_token"], parsed)
         return {"ok": True}
 
@@ -494,6 +519,7 @@ class Service:
             "message": (str, type(None)),
         }
         body = fields(body, schema, required=("id", "lease_token", "fraction"))
+        self._leased_in_scope(ident, [body["id"]])
         self.plane.report_progress(
             body["id"], body["lease_token"], float(body["fraction"]), body.get("message")
         )
@@ -521,7 +547,8 @@ class Service:
             return False
         if expires < time.time():
             return False
-        return hmac.compare_digest(self.sign(method, digest, expires), query.get("sig", ""))
+        given = query.get("sig", "")
+        return given.isascii() and hmac.compare_digest(self.sign(method, digest, expires), given)
 
     def missing_blobs(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require("producer", "worker")
@@ -579,8 +606,17 @@ class Service:
             "host": str,
         }
         body = fields(body, schema, required=("name",))
-        for name in body.get("queues", []):
-            ident.check_queue(str(name))
+        queues, protocols = body.get("queues", []), body.get("pickle_protocols", [])
+        if not all(isinstance(q, str) for q in queues):
+            raise InvalidRequest("queues must be names")
+        if not all(
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 100 for p in protocols
+        ):
+            raise InvalidRequest("pickle_protocols must be small whole numbers")
+        if not 1 <= body.get("concurrency", 1) <= 10_000:
+            raise InvalidRequest("concurrency must be 1 to 10000")
+        for name in queues:
+            ident.check_queue(name)
         rec = self.plane.register_daemon(
             body["name"],
             daemon_id=body.get("id"),

@@ -38,6 +38,7 @@ from ..plane.model import (
     State,
     Submission,
 )
+from ..wire import verified
 from .answers import date_offset, decode_map
 from .connections import origin_of
 from .limits import ENVELOPE_ROOM, Limits, batches, size_batches
@@ -511,8 +512,9 @@ class HttpTransport(Session):
         self._blob("PUT", self._target(f"/v1/blobs/{digest}"), data)
 
     def get_blob(self, digest: str) -> bytes:
-        """The blob's bytes; a redirect (to S3, say) is followed without the token."""
-        return self._blob("GET", self._target(f"/v1/blobs/{digest}"), None)
+        """The blob's bytes, checked against the digest; a redirect (to S3, say) is
+        followed without the token."""
+        return verified(digest, self._blob("GET", self._target(f"/v1/blobs/{digest}"), None))
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
