@@ -216,17 +216,31 @@ _lambda_app: APIGatewayHttpResolver | None = None
 
 
 def _service_from_env() -> Service:
-    """The Service the environment names: ``LAKESHORE_PLANE`` is a plane file (a SQLite
-    store on a mounted volume). The DynamoDB + S3 store is named by the AWS stack."""
+    """The Service the environment names: the AWS stack's tables and bucket (the
+    ``keys.ENV_VARS`` template.yaml sets; see handlers/aws.py), else ``LAKESHORE_PLANE``,
+    a plane file (a SQLite store on a mounted volume). ``LAKESHORE_MAX_WAIT`` caps
+    claim and result waits on either."""
     import os
+
+    from . import aws
+
+    target = os.environ.get("LAKESHORE_PLANE")
+    if aws.names_tables():
+        if target:
+            raise RuntimeError("set the stack's table names or LAKESHORE_PLANE, not both")
+        return aws.service_from_env()
 
     from ..plane import Plane
     from ..stores import SqliteStore
 
-    target = os.environ.get("LAKESHORE_PLANE")
     if not target:
-        raise RuntimeError("set LAKESHORE_PLANE to the plane this function serves")
-    return Service(Plane(SqliteStore(target)), server="lakeshore lambda")
+        raise RuntimeError(
+            "set LAKESHORE_PLANE to the plane this function serves "
+            "(a deployed template.yaml names its tables instead)"
+        )
+    return Service(
+        Plane(SqliteStore(target)), limits=aws.limits_from_env(), server="lakeshore lambda"
+    )
 
 
 _metrics: Any = None

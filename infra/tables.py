@@ -6,7 +6,7 @@ calls CloudFormation would make. A property this module does not know is an erro
 the template cannot grow something the local stacks silently leave out. (A real
 account gets its tables from the deployed template, not from here.)
 
-    from infra.tables import build_stack, moto_stack
+    from dreamlake.lakeshore.infra.tables import build_stack, moto_stack
     build_stack(dynamodb_client, s3_client, Resources(), region="us-east-1")
     with moto_stack() as (resources, dynamodb, s3): ...   # tests
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import yaml
+import yaml  # type: ignore[import-untyped]
 
 from dreamlake.lakeshore.stores.keys import BUCKET_RESOURCE, TABLE_RESOURCES, Resources
 
@@ -36,7 +36,10 @@ __all__ = [
     "table_calls",
 ]
 
-TEMPLATE = Path(__file__).resolve().parent.parent / "template.yaml"
+#: the stack's template: template.yaml beside this module is a link to the repository's
+#: own in a checkout (resolved: the path is the repository's file, as SAM and cfn-lint
+#: expect) and the file the wheel carries in its place in an installed package
+TEMPLATE = (Path(__file__).resolve().parent / "template.yaml").resolve()
 
 #: CloudFormation table properties that map one to one onto create_table arguments
 _TABLE_ARGS = (
@@ -50,7 +53,7 @@ _TABLE_ARGS = (
 )
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]
     """YAML with CloudFormation's short tags (``!Ref X`` → ``{"Ref": "X"}``)."""
 
 
@@ -64,7 +67,7 @@ def _tag(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> dict[str, Any
     elif isinstance(node, yaml.SequenceNode):
         value = loader.construct_sequence(node, deep=True)
     else:
-        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+        value = loader.construct_mapping(node, deep=True)
     return {name: value}
 
 

@@ -420,6 +420,9 @@ class LocalServer:
     long polls after :data:`GRACEFUL_SECONDS` and closes the plane.
     """
 
+    #: the server's name in ``/v1/hello`` answers
+    name = "lakeshore serve"
+
     def __init__(
         self,
         plane_path: str | Path,
@@ -446,19 +449,28 @@ class LocalServer:
         self.uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
+    def open_plane(self) -> Plane:
+        """The plane to serve (called once by :meth:`start`; closed by :meth:`stop`).
+
+        Here the SQLite file at ``plane_path``; ``lakeshore dev`` overrides it with a
+        DynamoDB + S3 plane, so both commands share this adapter.
+        """
+        from .plane import Plane
+        from .stores import SqliteStore
+
+        return Plane(SqliteStore(self.plane_path))
+
     def start(self, timeout: float = 30.0) -> None:
         import uvicorn
 
         from .api import Service, bootstrap_admin, create_token
         from .handlers.api import make_app
-        from .plane import Plane
-        from .stores import SqliteStore
 
         sock = _bind(self.host, self.port)
         try:
             self.url = _url(sock)
-            self.plane = Plane(SqliteStore(self.plane_path))
-            service = Service(self.plane, server="lakeshore serve")
+            self.plane = self.open_plane()
+            service = Service(self.plane, server=self.name)
             self.admin_token = bootstrap_admin(self.plane)
             self.bootstrapped = self.admin_token is not None
             if self.admin_token is None and self.new_admin_token:

@@ -129,15 +129,72 @@ def requests(*clients: Any) -> Iterator[Counter[str]]:
 def test_a_pending_invocation_has_only_the_pending_index_keys(
     store: DynamoStore, aws: tuple[K.Resources, Any, Any]
 ) -> None:
-    # When a pending invocation is inserted
+    # When a pending invocation due on arrival is inserted
     store.insert(record("a"))
     item = raw(aws, "a")
-    # Then it sits in its queue's pending partition, and in no other sparse index
+    # Then it sits in its queue's pending partition (and the by-queue index), and in no
+    # other sparse index: its available_at is kept as ready_at, so not in the due index
     home = K.shard_home("q", "a")
     assert item[K.SHARD_HOME] == item[K.PENDING_PK] == {"S": home}
-    assert not {K.LEASE_PK, K.PURGE_PK, K.PURGE_AT, K.DEADLINE, K.COUNTED} & set(item)
+    assert not {K.LEASE_PK, K.PURGE_PK, K.PURGE_AT, K.DEADLINE, K.COUNTED, K.FINAL} & set(item)
+    assert "available_at" not in item and float(item[K.READY_AT]["N"]) == T0
     assert index_ids(aws, K.PENDING_INDEX, K.PENDING_PK, home) == ["a"]
-    assert index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home) == ["a"]
+    assert index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home) == []
+    assert store.get("a") == record("a")
+
+
+def test_only_invocations_scheduled_for_later_are_in_the_due_index(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given one invocation submitted with a delay and one due on arrival
+    store.insert(record("later", available_at=T0 + 30))
+    store.insert(record("now"))
+    home = K.shard_home("q", "later")
+    # Then only the delayed one is in the due index, and next_available_at is its time
+    assert index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home) == ["later"]
+    assert store.next_available_at("q") == T0 + 30
+    # When the other is claimed, then failed with a retry backoff (its time rewritten)
+    assert store.update_if("now", {"state": State.PENDING}, {"state": State.RUNNING})
+    retried = store.update_if(
+        "now", {"state": State.RUNNING}, {"state": State.PENDING, "available_at": T0 + 5}
+    )
+    # Then it joins the due index under its own name again, and comes due first
+    assert retried is not None and retried.available_at == T0 + 5
+    assert K.READY_AT not in raw(aws, "now")
+    assert sorted(index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home)) == ["later", "now"]
+    assert store.next_available_at("q") == T0 + 5
+    assert [r.id for r in store.pending("q", T0 + 10, 10)] == ["now"]
+
+
+def test_a_claim_writes_no_by_queue_entry_and_a_finish_writes_its_final_state(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    resources, ddb, _ = aws
+
+    def by_queue() -> list[dict[str, Any]]:
+        out = ddb.query(
+            TableName=resources.invocations,
+            IndexName=K.QUEUE_INDEX,
+            KeyConditionExpression="#q = :q",
+            ExpressionAttributeNames={"#q": "queue"},
+            ExpressionAttributeValues={":q": {"S": "q"}},
+        )
+        items: list[dict[str, Any]] = out["Items"]
+        return items
+
+    # Given a pending invocation
+    store.insert(record("a"))
+    submitted = by_queue()
+    # When it is claimed, its by-queue entry does not change (no index write)
+    assert store.update_if("a", {"state": State.PENDING}, {"state": State.RUNNING})
+    assert by_queue() == submitted
+    # And when it finishes, the entry gets its final state
+    assert store.update_if("a", {"state": State.RUNNING}, {"state": State.FAILED})
+    assert [i.get(K.FINAL) for i in by_queue()] == [{"S": "failed"}]
+    # And a retry takes it back out of the finished ones
+    assert store.update_if("a", {"state": State.FAILED}, {"state": State.PENDING})
+    assert [i.get(K.FINAL) for i in by_queue()] == [None]
+    assert store.counts("q", T0) == {"pending": 1}
 
 
 def test_a_claim_moves_an_invocation_from_the_pending_index_to_the_leases_index(
@@ -168,7 +225,7 @@ def test_a_claim_moves_an_invocation_from_the_pending_index_to_the_leases_index(
     assert item[K.REV] == {"N": "1"}
 
 
-def test_a_finished_invocation_carries_its_ttl_and_goes_through_strip_then_bury(
+def test_a_finished_invocation_is_stripped_once_then_left_to_ttl(
     store: DynamoStore, aws: tuple[K.Resources, Any, Any]
 ) -> None:
     # Given a running invocation
@@ -188,12 +245,20 @@ def test_a_finished_invocation_carries_its_ttl_and_goes_through_strip_then_bury(
     assert not {K.LEASE_PK, K.PENDING_PK, "lease_expires_at"} & set(item)
     assert item[K.PURGE_PK] == {"S": K.strip_pk(shard)}
     assert int(item[K.PURGE_AT]["N"]) == int(T0 + 100 + K.TTL_AFTER_EXPIRY)
-    # When purge passes its expiry, it is stripped and moves to the bury partition
+    assert item[K.FINAL] == {"S": "succeeded"}
+    # When purge passes its expiry (with a tombstone of 1,100 s), it is stripped, leaves
+    # the expiry index, and its TTL becomes the end of its tombstone
     assert store.purge(T0 + 100, T0 - 1000) == 1
     item = raw(aws, "a")
-    assert item[K.PURGE_PK] == {"S": K.bury_pk(shard)}
-    assert not {"payload", "result"} & set(item)
+    assert not {"payload", "result", K.PURGE_PK} & set(item)
+    assert int(item[K.PURGE_AT]["N"]) == int(T0 + 100 + 1100)
     assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(shard)) == []
+    # And later purges leave it to TTL: nothing more is written
+    _, ddb, s3 = aws
+    with requests(ddb, s3) as seen:
+        assert store.purge(T0 + 5000, T0 + 3000) == 0
+    assert "UpdateItem" not in seen and "DeleteItem" not in seen
+    assert store.get("a") is not None
 
 
 def test_none_is_an_absent_attribute_never_a_null(
@@ -248,10 +313,15 @@ def test_large_payload_result_and_error_go_to_s3_and_read_back(
 def test_a_field_at_the_inline_limit_stays_in_the_item(
     store: DynamoStore, aws: tuple[K.Resources, Any, Any]
 ) -> None:
-    store.insert(record("edge", payload=b"e" * K.INLINE_MAX))
+    limit = K.INLINE_LIMITS["payload"]
+    store.insert(record("edge", payload=b"e" * limit))
     assert "payload" in raw(aws, "edge")
-    store.insert(record("over", payload=b"o" * (K.INLINE_MAX + 1)))
+    store.insert(record("over", payload=b"o" * (limit + 1)))
     assert "payload_ref" in raw(aws, "over")
+    # a result may be larger inline: it is written twice, not six times
+    result = b"r" * K.INLINE_LIMITS["result"]
+    store.insert(record("done", state=State.SUCCEEDED, result=result))
+    assert raw(aws, "done")["result"] == {"B": result}
 
 
 def test_a_string_field_too_large_for_an_item_is_refused_before_any_request(

@@ -1,8 +1,8 @@
 """The code stays clean: ruff (lint and format) and mypy (strict) on every run.
 
 The sources live in top-level folders (``lakeshore/``, ``worker/``, ``cli/``,
-``handlers/``) that install as one package, ``dreamlake.lakeshore``. mypy needs that
-package on disk, so the test lays it out as a tree of links in ``.typecheck/``.
+``handlers/``, ``infra/``) that install as one package, ``dreamlake.lakeshore``. mypy
+needs that package on disk, so the test lays it out as a tree of links in ``.typecheck/``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: folder → where it sits inside the installed package
-LAYOUT = {"lakeshore": "", "worker": "worker", "cli": "cli", "handlers": "handlers"}
+LAYOUT = {
+    "lakeshore": "",
+    "worker": "worker",
+    "cli": "cli",
+    "handlers": "handlers",
+    "infra": "infra",
+}
 
 pytestmark = pytest.mark.timeout(600)
 

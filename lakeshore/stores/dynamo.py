@@ -15,11 +15,17 @@ is :mod:`.dynamo_items`. How each primitive maps onto DynamoDB:
   ``ADD running -1``. Queues without a cap never touch a counter (no hot item).
 - ``pending`` reads a sparse index (``queue#shard`` → ``order_key``), filtering on
   ``available_at``; ``expired_leases`` and ``purge`` read sparse indexes keyed by lease
-  expiry and ``expires_at``; ``counts``/``list_invocations`` read a by-queue index. No
-  primitive scans the invocations table. Index reads are eventually consistent (under
-  moto they are immediate): a candidate that is gone or taken fails its condition.
-- payload, result and error above ``keys.INLINE_MAX`` bytes go to S3 before the item is
+  expiry and ``expires_at``; ``counts``/``list_invocations`` read a by-queue index (and
+  ``counts`` the pending and due indexes). No primitive scans the invocations table.
+  Index reads are eventually consistent (under moto they are immediate): a candidate
+  that is gone or taken fails its condition.
+- ``purge`` strips a record's payload and result once (one write), and sets its TTL to
+  the end of its tombstone: DynamoDB deletes it then, free, typically within a day or
+  two. Only records found past their tombstone unstripped are deleted here.
+- payload, result and error above ``keys.INLINE_LIMITS`` go to S3 before the item is
   written; a read fetches them when first used.
+
+What each write costs is in docs/cost.md (``benchmarks/cost.py`` measures it).
 - ``change_marker`` has no cheap global counterpart: it changes on every call, so
   waiters re-check every ``poll_interval`` (0.5 s).
 
@@ -32,13 +38,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
-from ..plane.model import Invocation, QueueSpec, State
+from ..plane.model import FINISHED, Invocation, QueueSpec, State
 from . import keys as K
 from .dynamo_extras import DynamoExtras, backoff, error_code
 from .dynamo_items import (
@@ -60,6 +67,12 @@ from .dynamo_items import (
 __all__ = ["DynamoStore", "make_clients"]
 
 _FIELD_SET = frozenset(FIELDS)
+#: what a pending index entry carries (None: whole items, a projection of ALL)
+_PENDING_CARRIED = (
+    None
+    if K.PENDING_INDEX_ATTRS is None
+    else frozenset({"id", K.PENDING_PK, "order_key", *K.PENDING_INDEX_ATTRS})
+)
 #: attempts at one update under contention (a transaction conflict, a moving revision)
 _TRIES = 25
 
@@ -160,10 +173,15 @@ class DynamoStore(DynamoExtras):
         return spec
 
     def get_queue(self, name: str) -> QueueSpec | None:
-        out = self._ddb.get_item(
-            TableName=self._queues, Key={K.Q_NAME: {"S": name}}, ConsistentRead=True
-        )
-        return _spec(out["Item"]) if "Item" in out else None
+        """Read eventually consistently (half a read unit: every claim and submit reads
+        the spec), strongly only when that finds nothing, so a queue created a moment
+        ago is found. A changed spec may be read as it was for about a second."""
+        key = {K.Q_NAME: {"S": name}}
+        for consistent in (False, True):
+            out = self._ddb.get_item(TableName=self._queues, Key=key, ConsistentRead=consistent)
+            if "Item" in out:
+                return _spec(out["Item"])
+        return None
 
     def list_queues(self) -> list[tuple[QueueSpec, float]]:
         # The queues table holds one small item per queue: a scan is the listing.
@@ -263,17 +281,26 @@ class DynamoStore(DynamoExtras):
         return None
 
     def get(self, inv_id: str) -> Invocation | None:
+        item = self._item(inv_id)
+        return None if item is None else self._record(item)
+
+    def _item(self, inv_id: str) -> Item | None:
         out = self._ddb.get_item(
             TableName=self._invocations, Key={"id": {"S": inv_id}}, ConsistentRead=True
         )
-        return self._record(out["Item"]) if "Item" in out else None
+        item: Item | None = out.get("Item")
+        return item
 
     def get_many(self, ids: Sequence[str]) -> list[Invocation]:
         keys = [{"id": {"S": i}} for i in dict.fromkeys(ids)]
         return [self._record(i) for i in self._batch_get(self._invocations, keys)]
 
-    def _record(self, item: Item) -> Invocation:
-        return invocation(item, self._fetch)
+    def _record(self, item: Item, carried: frozenset[str] | None = None) -> Invocation:
+        """The record of an item, or of an index entry carrying only ``carried``."""
+        if carried is None:
+            return invocation(item, self._fetch)
+        inv_id = item["id"]["S"]
+        return invocation(item, self._fetch, carried=carried, load=lambda: self._item(inv_id))
 
     # --- invocations: compare-and-set ---------------------------------------------------
     def update_if(
@@ -457,7 +484,7 @@ class DynamoStore(DynamoExtras):
             return []
         runs = [self._pending_shard(pk, now, limit) for pk in K.pending_pks(queue)]
         merged = heapq.merge(*runs, key=lambda item: str(item["order_key"]["S"]))
-        return [self._record(i) for i in itertools.islice(merged, limit)]
+        return [self._record(i, _PENDING_CARRIED) for i in itertools.islice(merged, limit)]
 
     def _pending_shard(self, pk: str, now: float, limit: int) -> list[Item]:
         """The first ``limit`` due items of one pending partition, in order.
@@ -470,7 +497,8 @@ class DynamoStore(DynamoExtras):
             "TableName": self._invocations,
             "IndexName": K.PENDING_INDEX,
             "KeyConditionExpression": "#pk = :pk",
-            "FilterExpression": "#av <= :now",
+            # an item due on arrival keeps available_at as READY_AT (keys.py)
+            "FilterExpression": "attribute_not_exists(#av) OR #av <= :now",
             "ExpressionAttributeNames": {"#pk": K.PENDING_PK, "#av": "available_at"},
             "ExpressionAttributeValues": {":pk": {"S": pk}, ":now": num(now)},
         }
@@ -485,6 +513,10 @@ class DynamoStore(DynamoExtras):
         return got[:limit]
 
     def next_available_at(self, queue: str) -> float | None:
+        """The earliest available_at among the queue's pending invocations that were
+        scheduled for later (the due index holds only those). One due on arrival has an
+        available_at that had passed when it was written, so the answer is exact for
+        every time after those: all the claim loop asks about (the future)."""
         earliest: list[float] = []
         for pk in K.pending_pks(queue):
             out = self._ddb.query(
@@ -522,16 +554,47 @@ class DynamoStore(DynamoExtras):
         return sorted(lapsed, key=lambda r: r.lease_expires_at or 0.0)
 
     def counts(self, queue: str, now: float) -> dict[str, int]:
-        # One read of the queue's index entries (~100 bytes each): the cost grows with
-        # the queue's history (finished records stay until their tombstone ends).
+        # The queue's by-queue entries (~100 bytes each; the cost grows with the queue's
+        # history) tell finished states apart and count the rest; pending ones are
+        # counted in the pending index, scheduled ones in the due index, and running is
+        # what is left. (Eventually consistent indexes: a count may lag a moment.)
         tally: Counter[str] = Counter()
-        for page in self._queue_index_pages(queue, ["state", "available_at"]):
+        active = 0
+        for page in self._queue_index_pages(queue, [K.FINAL]):
             for item in page:
-                state = item["state"]["S"]
-                if state == State.PENDING and float(item["available_at"]["N"]) > now:
-                    state = State.SCHEDULED.value
-                tally[state] += 1
-        return dict(tally)
+                if K.FINAL in item:
+                    tally[item[K.FINAL]["S"]] += 1
+                else:
+                    active += 1
+        if active:
+            waiting = sum(self._count(K.PENDING_INDEX, pk) for pk in K.pending_pks(queue))
+            later = sum(self._count(K.DUE_INDEX, pk, after=now) for pk in K.pending_pks(queue))
+            tally[State.SCHEDULED.value] = later
+            tally[State.PENDING.value] = max(0, waiting - later)
+            tally[State.RUNNING.value] = max(0, active - waiting)
+        return {state: n for state, n in tally.items() if n}
+
+    def _count(self, index: str, pk: str, *, after: float | None = None) -> int:
+        """Entries of one index partition (with ``after``: due index entries due later)."""
+        kwargs: dict[str, Any] = {
+            "TableName": self._invocations,
+            "IndexName": index,
+            "Select": "COUNT",
+            "KeyConditionExpression": "#pk = :pk",
+            "ExpressionAttributeNames": {"#pk": K.PENDING_PK},
+            "ExpressionAttributeValues": {":pk": {"S": pk}},
+        }
+        if after is not None:
+            kwargs["KeyConditionExpression"] += " AND #av > :after"
+            kwargs["ExpressionAttributeNames"]["#av"] = "available_at"
+            kwargs["ExpressionAttributeValues"][":after"] = num(after)
+        total = 0
+        while True:
+            out = self._ddb.query(**kwargs)
+            total += int(out.get("Count", 0))
+            if "LastEvaluatedKey" not in out:
+                return total
+            kwargs["ExclusiveStartKey"] = out["LastEvaluatedKey"]
 
     def list_invocations(
         self, queue: str, state: str | None, now: float, after: str | None, limit: int
@@ -543,36 +606,37 @@ class DynamoStore(DynamoExtras):
         if after is not None:
             key += f" AND {x.n('id')} > {x.v({'S': after})}"
         kwargs: dict[str, Any] = {"KeyConditionExpression": key}
-        if state is not None:
-            stored = State.PENDING.value if state == State.SCHEDULED else state
-            filt = f"{x.n('state')} = {x.v({'S': stored})}"
-            if state == State.SCHEDULED:
-                filt += f" AND {x.n('available_at')} > {x.v(num(now))}"
-            elif state == State.PENDING:
-                filt += f" AND {x.n('available_at')} <= {x.v(num(now))}"
-            kwargs["FilterExpression"] = filt
-        items = self._pages(
+        if state is not None and State(state) in FINISHED:
+            kwargs["FilterExpression"] = f"{x.n(K.FINAL)} = {x.v({'S': state})}"
+        elif state is not None:  # the index knows only "not finished": the records tell
+            kwargs["FilterExpression"] = f"attribute_not_exists({x.n(K.FINAL)})"
+        found: list[Invocation] = []
+        for page in self._pages(
             self._ddb.query,
-            limit=limit,
+            by_page=True,
             TableName=self._invocations,
             IndexName=K.QUEUE_INDEX,
+            ProjectionExpression=x.n("id"),
+            Limit=limit,
             **kwargs,
             **x.kwargs(),
-        )
-        ids = [i["id"]["S"] for i in itertools.islice(items, limit)]
-        recs = sorted(self.get_many(ids), key=lambda r: r.id)
-        return [r for r in recs if state is None or r.public_state(now).value == state]
+        ):
+            recs = sorted(self.get_many([i["id"]["S"] for i in page]), key=lambda r: r.id)
+            found += [r for r in recs if state is None or r.public_state(now).value == state]
+            if len(found) >= limit:
+                break
+        return found[:limit]
 
     def purge(self, now: float, tombstone_until: float) -> int:
         touched = 0
+        tombstone = max(0.0, now - tombstone_until)
         for shard in range(K.EXPIRY_SHARDS):
-            strip, bury = K.strip_pk(shard), K.bury_pk(shard)
-            for pk in (strip, bury):
-                # a record still in strip# has its output too; in bury# that went already
-                for key in self._expiring(pk, "<", tombstone_until):
-                    touched += self._purge_delete(key, tombstone_until, logs=pk == strip)
-            for key in self._expiring(strip, "<=", now):
-                touched += self._purge_strip(key, strip, bury, now)
+            strip = K.strip_pk(shard)
+            # found past its tombstone still unstripped (purge did not run for that long)
+            for entry in self._expiring(strip, "<", tombstone_until):
+                touched += self._purge_delete(entry, tombstone_until)
+            for entry in self._expiring(strip, "<=", now):
+                touched += self._purge_strip(entry, strip, now, tombstone)
         return touched
 
     def _expiring(self, pk: str, op: str, when: float) -> list[Item]:
@@ -584,11 +648,11 @@ class DynamoStore(DynamoExtras):
                 KeyConditionExpression=f"#pk = :pk AND #e {op} :t",
                 ExpressionAttributeNames={"#pk": K.PURGE_PK, "#e": "expires_at"},
                 ExpressionAttributeValues={":pk": {"S": pk}, ":t": num(when)},
-                ProjectionExpression="id",
+                ProjectionExpression="id, #e",
             )
         )
 
-    def _purge_delete(self, key: Item, tombstone_until: float, *, logs: bool) -> int:
+    def _purge_delete(self, key: Item, tombstone_until: float) -> int:
         try:
             out = self._ddb.delete_item(
                 TableName=self._invocations,
@@ -604,28 +668,31 @@ class DynamoStore(DynamoExtras):
             raise
         old = out.get("Attributes", {})
         self._delete_objects(old[r]["S"] for r in K.OFFLOAD_REFS.values() if r in old)
-        if logs:
-            self._delete_logs_of(key["id"]["S"])
+        self._delete_logs_of(key["id"]["S"])
         return 1
 
-    def _purge_strip(self, key: Item, strip: str, bury: str, now: float) -> int:
+    def _purge_strip(self, entry: Item, strip: str, now: float, tombstone: float) -> int:
+        """Drop payload and result (and the job's output), leave the expiry index, and
+        let TTL delete the record once its tombstone has passed."""
         data = ("payload", "result")
         refs = [K.OFFLOAD_REFS[f] for f in data]
         removes = ", ".join(f"#d{n}" for n in range(4))
+        ttl = num(math.ceil(float(entry["expires_at"]["N"]) + tombstone))
         try:
             out = self._ddb.update_item(
                 TableName=self._invocations,
-                Key={"id": key["id"]},
-                UpdateExpression=f"SET #pk = :bury REMOVE {removes} ADD #rev :one",
+                Key={"id": entry["id"]},
+                UpdateExpression=f"SET #ttl = :ttl REMOVE #pk, {removes} ADD #rev :one",
                 ConditionExpression="#pk = :strip AND #e <= :now",
                 ExpressionAttributeNames={
                     "#pk": K.PURGE_PK,
                     "#e": "expires_at",
                     "#rev": K.REV,
+                    "#ttl": K.PURGE_AT,
                     **{f"#d{n}": a for n, a in enumerate([*data, *refs])},
                 },
                 ExpressionAttributeValues={
-                    ":bury": {"S": bury},
+                    ":ttl": ttl,
                     ":strip": {"S": strip},
                     ":now": num(now),
                     ":one": {"N": "1"},
@@ -638,7 +705,7 @@ class DynamoStore(DynamoExtras):
             raise
         old = out.get("Attributes", {})
         self._delete_objects(old[r]["S"] for r in refs if r in old)
-        self._delete_logs_of(key["id"]["S"])  # output goes with payload and result
+        self._delete_logs_of(entry["id"]["S"])  # output goes with payload and result
         return 1 if any(a in old for a in (*data, *refs)) else 0
 
     def _queue_index_pages(self, queue: str, attrs: list[str]) -> Iterator[list[Item]]:

@@ -53,11 +53,13 @@ class DynamoExtras:
             Item={K.REC_KIND: {"S": kind}, K.REC_ID: {"S": rec_id}, K.REC_DOC: {"B": pack(doc)}},
         )
 
-    def _get_record(self, kind: str, rec_id: str) -> dict[str, Any] | None:
+    def _get_record(
+        self, kind: str, rec_id: str, *, consistent: bool = True
+    ) -> dict[str, Any] | None:
         out = self._ddb.get_item(
             TableName=self._records,
             Key={K.REC_KIND: {"S": kind}, K.REC_ID: {"S": rec_id}},
-            ConsistentRead=True,
+            ConsistentRead=consistent,
         )
         return dict(unpack(out["Item"][K.REC_DOC]["B"])) if "Item" in out else None
 
@@ -76,7 +78,12 @@ class DynamoExtras:
         self._put_record(K.REC_TOKEN, token.id, asdict(token))
 
     def get_token(self, token_id: str) -> TokenRecord | None:
-        doc = self._get_record(K.REC_TOKEN, token_id)
+        """Every API request reads its token: eventually consistently (half a read
+        unit), strongly only when that finds nothing, so a new token works at once. A
+        revocation takes effect within about a second."""
+        doc = self._get_record(K.REC_TOKEN, token_id, consistent=False)
+        if doc is None:
+            doc = self._get_record(K.REC_TOKEN, token_id)
         return None if doc is None else TokenRecord(**doc)
 
     def list_tokens(self) -> list[TokenRecord]:

@@ -7,10 +7,13 @@ The encoding, in one place:
   never a NULL value, so sparse indexes and conditions see one encoding;
 - numbers are ``N`` strings without exponent (``Decimal(repr(x))``), so floats round-trip
   exactly; ``retry`` and ``error`` are msgpack in ``B``;
-- ``payload``, ``result`` and packed ``error`` larger than ``keys.INLINE_MAX`` live in S3
-  under a content-addressed key; the item holds the key in ``<field>_ref`` instead;
-- the derived attributes of :mod:`.keys` (index keys, deadline, TTL) are written in the
-  same expression as the fields they derive from.
+- ``payload``, ``result`` and packed ``error`` larger than their ``keys.INLINE_LIMITS``
+  live in S3 under a content-addressed key; the item holds the key in ``<field>_ref``;
+- ``available_at`` of an invocation inserted due (not after ``created_at``) is kept as
+  ``keys.READY_AT``, so it has no entry in the due index; any later write of the field
+  uses its own name;
+- the derived attributes of :mod:`.keys` (index keys, final state, deadline, TTL) are
+  written in the same expression as the fields they derive from.
 
 Nothing here talks to AWS: the store sends what these functions build.
 """
@@ -25,7 +28,7 @@ from typing import Any
 
 import msgpack
 
-from ..plane.model import Invocation, RetryPolicy, State
+from ..plane.model import FINISHED, Invocation, RetryPolicy, State
 from . import keys as K
 
 __all__ = [
@@ -153,7 +156,7 @@ def _decode(name: str, av: dict[str, Any]) -> Any:
 def _stored(inv_id: str, name: str, value: Any) -> tuple[str, dict[str, Any], bytes | None]:
     """(attribute, value, bytes to upload) for a non-None offloadable field."""
     raw = _raw(name, value)
-    if len(raw) <= K.INLINE_MAX:
+    if len(raw) <= K.INLINE_LIMITS[name]:
         return name, {"B": raw}, None
     key = K.offload_key(inv_id, name, hashlib.sha256(raw).hexdigest())
     return K.OFFLOAD_REFS[name], {"S": key}, raw
@@ -162,8 +165,11 @@ def _stored(inv_id: str, name: str, value: Any) -> tuple[str, dict[str, Any], by
 # --- records ------------------------------------------------------------------------------
 
 
-class _Offloaded(Invocation):
-    """An invocation with fields still in S3; each is fetched the first time it is read.
+class _Lazy(Invocation):
+    """An invocation with fields not read yet, each fetched the first time it is read:
+    offloaded ones (``_refs``: field → S3 key, read with ``_fetch``) and, for a
+    candidate read from an index that projects only some attributes, every field the
+    index does not carry (``_unknown``, filled from one read of the item, ``_load``).
 
     ``pending()`` candidates and the records an update returns rarely need their
     payload, so nothing is fetched unless it is used. Compares equal to an
@@ -171,47 +177,36 @@ class _Offloaded(Invocation):
     """
 
     def _field(self, name: str) -> Any:
-        refs: dict[str, str] | None = self.__dict__.get("_refs")
+        d = self.__dict__
+        if name in d.get("_unknown", ()):
+            self._load_rest()
+        refs: dict[str, str] | None = d.get("_refs")
         key = refs.get(name) if refs else None
         if key is not None and refs is not None:
             # the ref goes only once the value is there: a concurrent reader fetches too
-            raw = self.__dict__["_fetch"](key)
-            self.__dict__[name] = unpack(raw) if name == "error" and raw is not None else raw
+            raw = d["_fetch"](key)
+            d[name] = unpack(raw) if name == "error" and raw is not None else raw
             refs.pop(name, None)
-        return self.__dict__.get(name)
+        return d.get(name)
+
+    def _load_rest(self) -> None:
+        """The fields the index did not carry, from the item as it is now (all None if
+        it is gone: a candidate that vanished is not claimed anyway)."""
+        d = self.__dict__
+        item = d["_load"]()
+        values, refs = _fields(item or {})
+        for name in d.pop("_unknown", ()):
+            if name in refs:
+                d.setdefault("_refs", {})[name] = refs[name]
+            d[name] = values[name]
 
     def _set(self, name: str, value: Any) -> None:
-        refs: dict[str, str] | None = self.__dict__.get("_refs")
+        d = self.__dict__
+        refs: dict[str, str] | None = d.get("_refs")
         if refs:
             refs.pop(name, None)
-        self.__dict__[name] = value
-
-    @property
-    def payload(self) -> bytes | None:
-        value: bytes | None = self._field("payload")
-        return value
-
-    @payload.setter
-    def payload(self, value: bytes | None) -> None:
-        self._set("payload", value)
-
-    @property
-    def result(self) -> bytes | None:
-        value: bytes | None = self._field("result")
-        return value
-
-    @result.setter
-    def result(self, value: bytes | None) -> None:
-        self._set("result", value)
-
-    @property
-    def error(self) -> dict[str, Any] | None:
-        value: dict[str, Any] | None = self._field("error")
-        return value
-
-    @error.setter
-    def error(self, value: dict[str, Any] | None) -> None:
-        self._set("error", value)
+        d.get("_unknown", set()).discard(name)
+        d[name] = value
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Invocation):
@@ -221,16 +216,70 @@ class _Offloaded(Invocation):
     __hash__ = None  # type: ignore[assignment]
 
 
-def invocation(item: Item, fetch: Callable[[str], bytes | None]) -> Invocation:
-    """The record an item holds; offloaded fields are fetched with ``fetch(key)`` on use."""
-    values: dict[str, Any] = {n: None if n not in item else _decode(n, item[n]) for n in FIELDS}
+def _lazy_property(name: str) -> property:
+    def get(self: _Lazy) -> Any:
+        return self._field(name)
+
+    def put(self: _Lazy, value: Any) -> None:
+        self._set(name, value)
+
+    return property(get, put)
+
+
+for _name in FIELDS:
+    setattr(_Lazy, _name, _lazy_property(_name))
+
+
+def _attr(item: Item, name: str) -> dict[str, Any] | None:
+    """The attribute holding field ``name`` (``available_at`` may be READY_AT)."""
+    av: dict[str, Any] | None = item.get(name)
+    if av is None and name == "available_at":
+        av = item.get(K.READY_AT)
+    return av
+
+
+def _fields(item: Item) -> tuple[dict[str, Any], dict[str, str]]:
+    """The field values an item holds (offloaded ones None) and its S3 keys by field."""
+    values: dict[str, Any] = {}
+    for name in FIELDS:
+        av = _attr(item, name)
+        values[name] = None if av is None else _decode(name, av)
     refs = {f: item[ref]["S"] for f, ref in K.OFFLOAD_REFS.items() if ref in item}
-    if not refs:
+    return values, refs
+
+
+def invocation(
+    item: Item,
+    fetch: Callable[[str], bytes | None],
+    *,
+    carried: frozenset[str] | None = None,
+    load: Callable[[], Item | None] | None = None,
+) -> Invocation:
+    """The record an item holds; offloaded fields are fetched with ``fetch(key)`` on use.
+
+    ``carried``: the item is an index entry with only these attributes (None: all of
+    them); every other field is read with ``load()`` (the whole item) when first used.
+    """
+    values, refs = _fields(item)
+    unknown: set[str] = set()
+    if carried is not None:
+        if load is None:
+            raise ValueError("an index entry's record needs load() for the rest")
+        unknown = {n for n in FIELDS if not _carries(carried, n)}
+    if not refs and not unknown:
         return Invocation(**values)
-    rec = _Offloaded(**values)
-    rec.__dict__["_refs"] = refs
-    rec.__dict__["_fetch"] = fetch
+    rec = _Lazy(**values)
+    rec.__dict__.update(_refs=refs, _fetch=fetch, _unknown=unknown, _load=load)
     return rec
+
+
+def _carries(carried: frozenset[str], name: str) -> bool:
+    """Whether an index entry with attributes ``carried`` holds field ``name``."""
+    if name == "available_at":
+        return name in carried and K.READY_AT in carried
+    if name in K.OFFLOAD_REFS:
+        return name in carried and K.OFFLOAD_REFS[name] in carried
+    return name in carried
 
 
 def new_item(inv: Invocation) -> tuple[Item, dict[str, bytes]]:
@@ -246,6 +295,8 @@ def new_item(inv: Invocation) -> tuple[Item, dict[str, bytes]]:
             item[attr] = av
             if raw is not None:
                 uploads[av["S"]] = raw
+        elif name == "available_at" and not value > inv.created_at:
+            item[K.READY_AT] = _encode(name, value)  # due on arrival: no due-index entry
         else:
             item[name] = _encode(name, value)
     home = K.shard_home(inv.queue, inv.id)
@@ -255,6 +306,8 @@ def new_item(inv: Invocation) -> tuple[Item, dict[str, bytes]]:
         item[K.PENDING_PK] = {"S": home}
     elif inv.state is State.RUNNING:
         item[K.LEASE_PK] = {"S": K.lease_pk(inv.id)}
+    elif inv.state in FINISHED:
+        item[K.FINAL] = {"S": inv.state.value}
     if inv.expires_at is not None:
         item[K.PURGE_PK] = {"S": K.strip_pk(K.expiry_shard(inv.id))}
         item[K.PURGE_AT] = num(int(inv.expires_at + K.TTL_AFTER_EXPIRY))
@@ -312,6 +365,9 @@ def condition(
         elif name in K.OFFLOAD_REFS:
             attr, av, _ = _stored(inv_id, name, value)
             parts.append(f"{x.n(attr)} = {x.v(av)}")
+        elif name == "available_at":
+            v = x.v(_encode(name, value))
+            parts.append(f"({x.n(name)} = {v} OR {x.n(K.READY_AT)} = {v})")
         else:
             parts.append(f"{x.n(name)} = {x.v(_encode(name, value))}")
     if deadline_after is not None:
@@ -340,7 +396,7 @@ def holds(item: Item, inv_id: str, expect: Mapping[str, Any], deadline_after: fl
             attr, av, _ = _stored(inv_id, name, value)
             if item.get(attr) != av:
                 return False
-        elif not _same(item.get(name), _encode(name, value)):
+        elif not _same(_attr(item, name), _encode(name, value)):
             return False
     if deadline_after is not None and "timeout" in item:
         deadline = item.get(K.DEADLINE)
@@ -392,6 +448,8 @@ def plan_changes(x: Expr, inv_id: str, changes: Mapping[str, Any]) -> Plan:
             p.removes.append(x.n(name))
         else:
             p.sets.append(f"{x.n(name)} = {x.v(_encode(name, value))}")
+            if name == "available_at":
+                p.removes.append(x.n(K.READY_AT))
     if "state" in changes:
         state = State(changes["state"])
         if state is State.PENDING:
@@ -402,6 +460,10 @@ def plan_changes(x: Expr, inv_id: str, changes: Mapping[str, Any]) -> Plan:
             p.removes.append(x.n(K.PENDING_PK))
         else:
             p.removes += [x.n(K.PENDING_PK), x.n(K.LEASE_PK)]
+        if state in FINISHED:
+            p.sets.append(f"{x.n(K.FINAL)} = {x.v({'S': state.value})}")
+        else:
+            p.removes.append(x.n(K.FINAL))
     strip = {"S": K.strip_pk(K.expiry_shard(inv_id))}
     if "expires_at" in changes:
         expires = changes["expires_at"]

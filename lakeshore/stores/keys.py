@@ -16,8 +16,15 @@ Four tables and a bucket::
                                              for an item
 
 An invocation item holds every :class:`~dreamlake.lakeshore.plane.model.Invocation`
-field under its own name (a ``None`` field is an absent attribute), plus the derived
-attributes below, which the store keeps in step with the fields on every write.
+field under its own name (a ``None`` field is an absent attribute; ``available_at`` of
+an invocation due on arrival is ``READY_AT``), plus the derived attributes below, which
+the store keeps in step with the fields on every write.
+
+Cost shapes the layout: DynamoDB bills every write of an item per KB, and every index
+entry a write adds, changes or removes (docs/cost.md has the measured figures). So the
+sparse index attributes exist only in the states whose index must find the item, and
+an index projects only attributes that change when its entry changes anyway: a claim
+writes the item and its pending and lease entries, nothing else.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ __all__ = [
     "ENV_VARS",
     "EXPIRY_INDEX",
     "EXPIRY_SHARDS",
+    "FINAL",
+    "INLINE_LIMITS",
     "INLINE_MAX",
     "INVOCATION_INDEXES",
     "INV_PREFIX",
@@ -48,13 +57,16 @@ __all__ = [
     "LOG_TEXT_REF",
     "LOG_TTL",
     "OFFLOAD_REFS",
+    "PENDING_INCLUDE",
     "PENDING_INDEX",
+    "PENDING_INDEX_ATTRS",
     "PENDING_PK",
     "PENDING_SHARDS",
     "PURGE_AT",
     "PURGE_PK",
     "QUEUE_INDEX",
     "QUEUE_INDEX_ATTRS",
+    "READY_AT",
     "Q_ACTIVITY",
     "Q_CLAIMS",
     "Q_CREATED",
@@ -76,7 +88,6 @@ __all__ = [
     "TTL_AFTER_EXPIRY",
     "Resources",
     "blob_key",
-    "bury_pk",
     "expiry_shard",
     "lease_pk",
     "lease_pks",
@@ -186,21 +197,25 @@ LOG_TTL = 400 * 86400
 #: pending work in claim order. Hash PENDING_PK, range order_key; projection ALL, so a
 #: claim reads candidates in one Query. Sparse: only pending invocations have PENDING_PK.
 PENDING_INDEX = "pending"
-#: the same pending invocations by available_at (hash PENDING_PK, range available_at,
-#: keys only): next_available_at() is one Query with Limit 1 per shard, not a read of
-#: every pending item.
+#: pending invocations that were scheduled for later (a delay, a retry's backoff) by
+#: available_at (hash PENDING_PK, range available_at, keys only): next_available_at()
+#: is one Query with Limit 1 per shard, and counts() reads the scheduled ones from it.
+#: Sparse twice over: an invocation due on arrival keeps its available_at as READY_AT,
+#: so the common submit and claim write no entry here.
 DUE_INDEX = "due"
 #: running invocations by lease expiry (hash LEASE_PK, range lease_expires_at, keys
 #: only). Sparse: only running invocations have LEASE_PK.
 LEASES_INDEX = "leases"
-#: finished invocations by expires_at (hash PURGE_PK, range expires_at, keys only), so
-#: purge() reads only what it must strip or delete. Sparse: only records with expires_at.
+#: finished invocations whose payload and result purge() must still strip, by
+#: expires_at (hash PURGE_PK, range expires_at, keys only). Sparse: PURGE_PK is set when
+#: an invocation finishes and removed when it is stripped (TTL deletes it later).
 EXPIRY_INDEX = "expiry"
-#: every invocation of a queue by id (hash queue, range id), with the few attributes
-#: counts(), list_invocations() and delete_queue() need (QUEUE_INDEX_ATTRS).
+#: every invocation of a queue by id (hash queue, range id), with the attributes
+#: counts(), list_invocations() and delete_queue() need (QUEUE_INDEX_ATTRS). It projects
+#: FINAL rather than state, so only submit and finish write its entry (not a claim).
 QUEUE_INDEX = "by_queue"
 #: attributes QUEUE_INDEX projects besides its keys
-QUEUE_INDEX_ATTRS = ("state", "available_at", "payload_ref", "result_ref", "error_ref")
+QUEUE_INDEX_ATTRS = ("final", "payload_ref", "result_ref", "error_ref")
 #: every index of the invocations table
 INVOCATION_INDEXES = frozenset({PENDING_INDEX, DUE_INDEX, LEASES_INDEX, EXPIRY_INDEX, QUEUE_INDEX})
 
@@ -211,13 +226,31 @@ INVOCATION_INDEXES = frozenset({PENDING_INDEX, DUE_INDEX, LEASES_INDEX, EXPIRY_I
 SHARD_HOME = "shard_pk"
 #: = SHARD_HOME while state is pending, absent otherwise (PENDING_INDEX, DUE_INDEX)
 PENDING_PK = "pending_pk"
+#: where ``available_at`` is kept when the invocation was due on arrival (inserted with
+#: ``available_at <= created_at``): not ``available_at``, so it has no DUE_INDEX entry.
+#: Any later write of ``available_at`` (a retry's backoff) uses its own name again.
+READY_AT = "ready_at"
+#: = state once the invocation is finished (succeeded, failed, cancelled, dead), absent
+#: before (QUEUE_INDEX projects it): counts() tells finished states apart by it
+FINAL = "final"
+#: attributes the pending index projects besides its keys; None: all of them (ALL, as
+#: template.yaml has it). A claim needs only PENDING_INCLUDE of a candidate (its update
+#: returns the whole item), and the store reads any other field of a candidate the first
+#: time it is used, so the index may project just those: entries of ~150 bytes instead
+#: of whole items, one write unit less at submit and at claim for items over 1 KB
+#: (docs/cost.md proposes it; template.yaml and tests/test_template.py change with it).
+PENDING_INDEX_ATTRS: tuple[str, ...] | None = None
+#: what a claim reads of a candidate (none of it changes while the invocation is pending)
+PENDING_INCLUDE = ("queue", "state", "attempt", "priority", "timeout", "available_at", READY_AT)
 #: "lease#<shard>" while state is running, absent otherwise (LEASES_INDEX)
 LEASE_PK = "lease_pk"
-#: "strip#<shard>" while payload or result may still be held past expires_at, then
-#: "bury#<shard>" until the record is deleted; absent without expires_at (EXPIRY_INDEX)
+#: "strip#<shard>" from finish until purge() strips payload and result (EXPIRY_INDEX);
+#: absent without expires_at and once stripped
 PURGE_PK = "purge_pk"
-#: the table's TTL attribute: expires_at + TTL_AFTER_EXPIRY, whole epoch seconds. A
-#: backstop only: purge() deletes records itself (TTL deletes within days, not on time)
+#: the table's TTL attribute, whole epoch seconds: expires_at + TTL_AFTER_EXPIRY until
+#: purge() strips the record, then expires_at + the plane's tombstone (purge learns it
+#: from its arguments), so TTL deletes the record (free) within a day or two of its
+#: tombstone's end. purge() deletes only what it finds past the tombstone unstripped.
 PURGE_AT = "purge_at"
 #: started_at + timeout, kept while both are set, so ``deadline_after`` is a condition
 DEADLINE = "deadline"
@@ -230,13 +263,16 @@ REV = "rev"
 OFFLOAD_REFS = {"payload": "payload_ref", "result": "result_ref", "error": "error_ref"}
 
 # --- sizes and shards ----------------------------------------------------------------
-#: payload, result and (packed) error larger than this go to S3 (INV_PREFIX) and the
-#: item keeps their key. DynamoDB bills every rewrite of an item (submit, claim,
-#: complete, the pending index copy) per KB, so a field inline costs ~5 write units per
-#: KB over its life; an S3 PUT+GET costs about as much as 9. Break-even is ~2 KB; at 4 KB
-#: the arguments of an ordinary call still need no S3 request, and with payload,
-#: result and error each held to this every item stays far below 400 KB.
+#: string fields (worker, lease token, ...) longer than this are refused: an item stays
+#: small whatever a client sends
 INLINE_MAX = 4 * 1024
+#: payload, result and (packed) error larger than this go to S3 (INV_PREFIX) and the item
+#: keeps their key. An S3 PUT and a GET cost as much as ~8.6 write units. DynamoDB bills
+#: each write of the item per KB: a payload inline is written at submit, claim, complete
+#: and strip, and twice more as the pending index's copy (submit, claim): ~6 units per
+#: KB, so it goes to S3 from 1.5 KB. A result or error is written at finish and strip:
+#: ~2 units per KB, S3 from 4 KB. Every item stays far below 400 KB.
+INLINE_LIMITS = {"payload": 1536, "result": 4 * 1024, "error": 4 * 1024}
 #: pending partitions per queue: one partition takes ~1,000 writes/s. Grow it, never
 #: shrink it: readers query shards 0..N-1, so items on a dropped shard would vanish.
 PENDING_SHARDS = 1
@@ -245,10 +281,11 @@ PENDING_SHARDS = 1
 #: only grow, so a split for heat does not help). The sweep queries every partition,
 #: about once a second per plane: start at one.
 LEASE_SHARDS = 1
-#: partitions of the expiry index (written on finish, strip and delete); purge queries
-#: each twice, about once a minute per plane
+#: partitions of the expiry index (written on finish and strip); purge queries each
+#: twice, about once a minute per plane
 EXPIRY_SHARDS = 1
-#: TTL backstop after expires_at: past any tombstone a plane uses (30 days by default)
+#: TTL backstop after expires_at for a record purge() never stripped: past any tombstone
+#: a plane uses (30 days by default)
 TTL_AFTER_EXPIRY = 35 * 86400
 
 # --- S3 ------------------------------------------------------------------------------
@@ -287,10 +324,6 @@ def lease_pks() -> list[str]:
 
 def strip_pk(shard: int) -> str:
     return f"strip#{shard}"
-
-
-def bury_pk(shard: int) -> str:
-    return f"bury#{shard}"
 
 
 def expiry_shard(inv_id: str) -> int:
