@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
+from .deploy import bootstrap, deploy
 from .invocations import exec_command, invocations_app
 from .queues import queues_app
 from .serve import serve
@@ -42,3 +43,5 @@ app.add_typer(queues_app, name="queues")
 app.add_typer(invocations_app, name="invocations")
 app.add_typer(tokens_app, name="tokens")
 app.command()(login)
+app.command()(deploy)
+app.command()(bootstrap)
