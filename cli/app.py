@@ -6,6 +6,7 @@ import typer
 
 from .. import __version__
 from .deploy import bootstrap, deploy
+from .dev import dev
 from .invocations import exec_command, invocations_app
 from .queues import queues_app
 from .serve import serve
@@ -36,6 +37,7 @@ def root(
 
 
 app.command()(serve)
+app.command()(dev)
 app.command("exec")(exec_command)
 app.add_typer(worker_app, name="worker")
 app.add_typer(daemon_app, name="daemon")

@@ -5,6 +5,7 @@
     Dispatch(":memory:")         a plane inside this process (SQLite in memory)
     Dispatch("./plane.db")       a plane in a file, shared by processes on this machine
     Dispatch("https://…", token="…")   a remote plane (HTTP API v1)
+    Dispatch("aws://my-stack")   a deployed stack's tables, directly with IAM credentials
     Dispatch()                   LAKESHORE_URL (+ LAKESHORE_TOKEN) if set, else the
                                  auth.yml profile, else the default local plane file
 
@@ -62,8 +63,18 @@ def open_transport(
     """The explicit factory: a target string → one :class:`Transport` implementation.
 
     ``http(s)://`` is a remote plane (options: ``timeout``, ``retries``, ``backoff``,
-    ``max_backoff``, ``wait_timeout``); anything else is an embedded plane's SQLite file.
+    ``max_backoff``, ``wait_timeout``); ``aws://<stack>`` is the plane core in this
+    process over a deployed stack's DynamoDB tables and S3 bucket, reached with the
+    caller's IAM credentials (options: the embedded plane's; see
+    :mod:`~dreamlake.lakeshore.awsdirect`); anything else is an embedded plane's SQLite
+    file.
     """
+    if target.startswith("aws://"):
+        from .awsdirect import open_aws
+
+        if token is not None:
+            raise TypeError("aws:// authenticates with IAM credentials, not a token")
+        return open_aws(target, clock=clock, options=options)
     if target.startswith(("http://", "https://")):
         from .http import HttpTransport
 

@@ -39,6 +39,7 @@ from .dispatch import Dispatch
 from .errors import InvalidRequest
 from .plane.model import FINISHED, Invocation, QueueSpec, RetryPolicy, Submission
 from .submit import SubmitOptions, key_id, new_id, outcome
+from .transport import AsyncResults
 from .wire import EncodedCall, encode_exec, encode_pickle_call, encode_ref_call
 
 __all__ = [
@@ -350,8 +351,11 @@ class Queue(_QueueHandle):
         :class:`~dreamlake.lakeshore.CancelledError`, ``UnknownInvocation`` and
         ``ExpiredInvocation``.
         """
+        transport = self.dispatch.transport
+        if isinstance(transport, AsyncResults):
+            return await transport.aresult(inv_id, timeout)
         rec = await self._wait_async(inv_id, timeout)
-        return outcome(rec, self.dispatch.transport)
+        return outcome(rec, transport)
 
     async def status(self, inv_id: str) -> str:
         """``scheduled``, ``pending``, ``running``, ``succeeded``, ``failed``,

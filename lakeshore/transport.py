@@ -9,7 +9,7 @@ so everything above this line is tested end to end without a network.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .plane.model import (
     Claim,
@@ -22,7 +22,7 @@ from .plane.model import (
     Submission,
 )
 
-__all__ = ["Transport"]
+__all__ = ["AsyncResults", "Transport"]
 
 
 class Transport(Protocol):
@@ -154,3 +154,11 @@ class Transport(Protocol):
     def missing_blobs(self, digests: Iterable[str]) -> set[str]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncResults(Protocol):
+    """A transport that awaits results without blocking the event loop (the aws://
+    transport, on aioboto3). ``Queue.result`` uses it when the transport offers it."""
+
+    async def aresult(self, inv_id: str, timeout: float | None = None) -> Any: ...
