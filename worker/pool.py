@@ -355,7 +355,10 @@ class ProcessWorker:
 
     def _died(self, slot: _Slot) -> None:
         """The child is gone: report its job as the reason says, then respawn it."""
-        code = slot.proc.exitcode if slot.proc is not None else None
+        code = None
+        if slot.proc is not None:
+            slot.proc.join(timeout=5)  # its pipe can close before it is reaped
+            code = slot.proc.exitcode
         claim, reason = slot.claim, slot.killed
         self._flush_output(slot)
         self._retire(slot)
