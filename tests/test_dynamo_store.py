@@ -8,6 +8,8 @@ Everything runs against moto in-process (tables built from template.yaml).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,8 +27,9 @@ from dreamlake.lakeshore.stores import keys as K
 
 pytest.importorskip("moto")
 
+from dreamlake.lakeshore.stores import dynamo
 from dreamlake.lakeshore.stores.dynamo import DynamoStore
-from infra.tables import moto_stack
+from infra.tables import load_template, moto_stack, table_calls
 
 T0 = 1_700_000_000.0
 BIG = 300 * 1024  # well over the inline limit: together three of these exceed 400 KB
@@ -409,6 +412,99 @@ def test_purge_and_queue_deletion_delete_offloaded_objects(
     # And when the other queue is deleted with its invocations, so do theirs
     assert store.delete_queue("other") == 1
     assert objects(aws, "inv/") == []
+
+
+def test_a_record_with_its_error_in_s3_is_deleted_with_it_at_the_tombstones_end(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a failed record past expiry whose error is too large for the item
+    error = {"type": "E", "message": "m", "traceback": "x" * BIG, "pickled": None}
+    store.insert(record("bad", state=State.FAILED, error=error, expires_at=T0 - 1))
+    [obj] = objects(aws, "inv/bad/")
+    # When it is stripped, the error stays readable (TTL would orphan its object, so the
+    # record waits in the bury partition instead)
+    assert store.purge(T0, T0 - 1000) == 1
+    stripped = store.get("bad")
+    assert stripped is not None and stripped.error == error and stripped.payload is None
+    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.bury_pk(K.expiry_shard("bad"))) == ["bad"]
+    # Then past its tombstone purge deletes it, object and all
+    assert store.purge(T0 + 2000, T0 + 1000) == 1
+    assert store.get("bad") is None
+    assert objects(aws, "inv/") == [] != [obj]
+
+
+# =======================================================================================
+# A pending index that projects only what a claim reads (docs/cost.md proposes it)
+# =======================================================================================
+
+
+@pytest.fixture
+def slim_store(
+    aws: tuple[K.Resources, Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[DynamoStore]:
+    """A store whose invocations table has the pending index project PENDING_INCLUDE."""
+    resources, ddb, s3 = aws
+    template = copy.deepcopy(load_template())
+    for gsi in template["Resources"]["InvocationsTable"]["Properties"]["GlobalSecondaryIndexes"]:
+        if gsi["IndexName"] == K.PENDING_INDEX:
+            gsi["Projection"] = {
+                "ProjectionType": "INCLUDE",
+                "NonKeyAttributes": list(K.PENDING_INCLUDE),
+            }
+    name = "lakeshore-invocations-slim"
+    for operation, kwargs in table_calls(template, "InvocationsTable", name):
+        getattr(ddb, operation)(**kwargs)
+    carried = frozenset({"id", K.PENDING_PK, "order_key", *K.PENDING_INCLUDE})
+    monkeypatch.setattr(dynamo, "_PENDING_CARRIED", carried)
+    store = DynamoStore(dataclasses.replace(resources, invocations=name), dynamodb=ddb, s3=s3)
+    yield store
+    store.close()
+
+
+def test_candidates_from_a_slim_pending_index_read_the_rest_only_when_used(
+    slim_store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    _, ddb, s3 = aws
+    # Given two pending records, one with an offloaded payload
+    small = record("a", timeout=30.0, worker="w0", priority=2.0)
+    big = record("b", payload=b"p" * BIG, available_at=T0 - 5)
+    for rec in (small, big):
+        slim_store.insert(rec)
+    # When the candidates are read, one Query reads all a claim needs
+    with requests(ddb, s3) as seen:
+        got = slim_store.pending("q", T0, 10)
+        assert [(c.id, c.attempt, c.timeout, c.priority, c.available_at) for c in got] == [
+            ("a", 0, 30.0, 2.0, T0),
+            ("b", 0, None, 0.0, T0 - 5),
+        ]
+        assert [c.state for c in got] == [State.PENDING, State.PENDING]
+    assert seen == Counter({"Query": 1})
+    # Then a field the index does not carry is read from the item, once
+    with requests(ddb, s3) as seen:
+        assert got[0].worker == "w0"
+        assert got[0] == small
+    assert seen == Counter({"GetItem": 1})
+    # and an offloaded one from S3 after that
+    with requests(ddb, s3) as seen:
+        assert got[1] == big
+    assert seen == Counter({"GetItem": 1, "GetObject": 1})
+
+
+def test_the_plane_claims_through_a_slim_pending_index(
+    slim_store: DynamoStore, aws: tuple[K.Resources, Any, Any], clock: FakeClock
+) -> None:
+    _, ddb, _ = aws
+    plane = Plane(slim_store, clock=clock)
+    plane.ensure_queue(QueueSpec("q", kind="priority"))
+    plane.submit([Submission("low", "q", b"1", priority=1), Submission("high", "q", b"2", 5)])
+    plane.claim(["q"], "w", limit=1)  # the first claim sweeps; the next ones are measured
+    with requests(ddb) as seen:
+        [claim] = plane.claim(["q"], "w", limit=1)
+    # The claim read the candidate from the index alone, and got its payload from the update
+    assert (claim.id, claim.payload) == ("low", b"1")
+    assert seen["GetItem"] == 1  # the queue's spec
+    plane.complete(claim.id, claim.lease_token, b"r")
+    assert plane.get("low").result == b"r"
 
 
 # =======================================================================================

@@ -21,13 +21,14 @@ is :mod:`.dynamo_items`. How each primitive maps onto DynamoDB:
   that is gone or taken fails its condition.
 - ``purge`` strips a record's payload and result once (one write), and sets its TTL to
   the end of its tombstone: DynamoDB deletes it then, free, typically within a day or
-  two. Only records found past their tombstone unstripped are deleted here.
+  two. Only records found past their tombstone unstripped, and those whose error is in
+  S3 (its object goes with them), are deleted here.
 - payload, result and error above ``keys.INLINE_LIMITS`` go to S3 before the item is
   written; a read fetches them when first used.
-
-What each write costs is in docs/cost.md (``benchmarks/cost.py`` measures it).
 - ``change_marker`` has no cheap global counterpart: it changes on every call, so
   waiters re-check every ``poll_interval`` (0.5 s).
+
+What each request and write costs is in docs/cost.md (``benchmarks/cost.py`` counts it).
 
 Concurrency: every decision is a condition evaluated by DynamoDB, so any number of
 processes may share the tables. moto is the exception (its conditional writes are not
@@ -45,6 +46,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
+from ..errors import Unavailable
 from ..plane.model import FINISHED, Invocation, QueueSpec, State
 from . import keys as K
 from .dynamo_extras import DynamoExtras, backoff, error_code
@@ -360,7 +362,7 @@ class DynamoStore(DynamoExtras):
                 self._discard(uploads, old)
                 return None
             return self._applied(out["Attributes"], changes, plan.refs)
-        raise RuntimeError(f"update of {inv_id!r} kept conflicting; try again")
+        raise Unavailable(f"update of {inv_id!r} kept conflicting; try again")
 
     def _update_counted(
         self,
@@ -444,7 +446,7 @@ class DynamoStore(DynamoExtras):
                     continue
                 raise
             return self._applied(old, changes, plan.refs)
-        raise RuntimeError(f"update of {inv_id!r} kept conflicting; try again")
+        raise Unavailable(f"update of {inv_id!r} kept conflicting; try again")
 
     def _counter_action(
         self, queue: str, delta: int, running_below: int | None
@@ -631,12 +633,14 @@ class DynamoStore(DynamoExtras):
         touched = 0
         tombstone = max(0.0, now - tombstone_until)
         for shard in range(K.EXPIRY_SHARDS):
-            strip = K.strip_pk(shard)
-            # found past its tombstone still unstripped (purge did not run for that long)
-            for entry in self._expiring(strip, "<", tombstone_until):
-                touched += self._purge_delete(entry, tombstone_until)
+            strip, bury = K.strip_pk(shard), K.bury_pk(shard)
+            # past its tombstone: unstripped (purge did not run for that long), or waiting
+            # with an error in S3 that goes with it
+            for pk in (strip, bury):
+                for entry in self._expiring(pk, "<", tombstone_until):
+                    touched += self._purge_delete(entry, tombstone_until)
             for entry in self._expiring(strip, "<=", now):
-                touched += self._purge_strip(entry, strip, now, tombstone)
+                touched += self._purge_strip(entry, strip, bury, now, tombstone)
         return touched
 
     def _expiring(self, pk: str, op: str, when: float) -> list[Item]:
@@ -671,9 +675,10 @@ class DynamoStore(DynamoExtras):
         self._delete_logs_of(key["id"]["S"])
         return 1
 
-    def _purge_strip(self, entry: Item, strip: str, now: float, tombstone: float) -> int:
+    def _purge_strip(self, entry: Item, strip: str, bury: str, now: float, tombstone: float) -> int:
         """Drop payload and result (and the job's output), leave the expiry index, and
-        let TTL delete the record once its tombstone has passed."""
+        let TTL delete the record once its tombstone has passed. A record whose error is
+        in S3 moves to the bury partition instead, so the object goes with it."""
         data = ("payload", "result")
         refs = [K.OFFLOAD_REFS[f] for f in data]
         removes = ", ".join(f"#d{n}" for n in range(4))
@@ -706,6 +711,15 @@ class DynamoStore(DynamoExtras):
         old = out.get("Attributes", {})
         self._delete_objects(old[r]["S"] for r in refs if r in old)
         self._delete_logs_of(entry["id"]["S"])  # output goes with payload and result
+        if K.OFFLOAD_REFS["error"] in old:  # rare: a second write, so others need none
+            self._ddb.update_item(
+                TableName=self._invocations,
+                Key={"id": entry["id"]},
+                UpdateExpression="SET #pk = :bury",
+                ConditionExpression="attribute_exists(#ref)",
+                ExpressionAttributeNames={"#pk": K.PURGE_PK, "#ref": K.OFFLOAD_REFS["error"]},
+                ExpressionAttributeValues={":bury": {"S": bury}},
+            )
         return 1 if any(a in old for a in (*data, *refs)) else 0
 
     def _queue_index_pages(self, queue: str, attrs: list[str]) -> Iterator[list[Item]]:

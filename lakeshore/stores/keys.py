@@ -88,6 +88,7 @@ __all__ = [
     "TTL_AFTER_EXPIRY",
     "Resources",
     "blob_key",
+    "bury_pk",
     "expiry_shard",
     "lease_pk",
     "lease_pks",
@@ -245,7 +246,8 @@ PENDING_INCLUDE = ("queue", "state", "attempt", "priority", "timeout", "availabl
 #: "lease#<shard>" while state is running, absent otherwise (LEASES_INDEX)
 LEASE_PK = "lease_pk"
 #: "strip#<shard>" from finish until purge() strips payload and result (EXPIRY_INDEX);
-#: absent without expires_at and once stripped
+#: absent without expires_at and once stripped, except for a record whose error is in
+#: S3: "bury#<shard>" then, so purge() deletes it (and its object) at its tombstone's end
 PURGE_PK = "purge_pk"
 #: the table's TTL attribute, whole epoch seconds: expires_at + TTL_AFTER_EXPIRY until
 #: purge() strips the record, then expires_at + the plane's tombstone (purge learns it
@@ -324,6 +326,10 @@ def lease_pks() -> list[str]:
 
 def strip_pk(shard: int) -> str:
     return f"strip#{shard}"
+
+
+def bury_pk(shard: int) -> str:
+    return f"bury#{shard}"
 
 
 def expiry_shard(inv_id: str) -> int:
