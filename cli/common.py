@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from types import FrameType
+from typing import Annotated, Any, Protocol
 
 import typer
 
@@ -26,6 +29,7 @@ __all__ = [
     "emit",
     "fail",
     "open_plane",
+    "run_server",
     "when",
 ]
 
@@ -119,3 +123,53 @@ def duration(text: str) -> float:
     if m is None:
         raise typer.BadParameter(f"{text!r} is not a duration like 90s, 15m, 12h or 7d")
     return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+class _Server(Protocol):
+    @property
+    def stopping(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def wait(self) -> None: ...
+
+    def stop(self) -> bool: ...
+
+    def request_stop(self, *, force: bool = False) -> None: ...
+
+
+def run_server(
+    server: _Server,
+    name: str,
+    *,
+    cannot_listen: Callable[[OSError], str],
+    announce: Callable[[], None],
+) -> None:
+    """Start ``server``, announce it, serve until Ctrl-C or SIGTERM, stop cleanly.
+
+    Signal handlers only set flags; a second signal skips the grace period.
+    """
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        server.request_stop(force=server.stopping)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            server.start()
+        except OSError as exc:
+            typer.echo(f"{name}: {cannot_listen(exc)}", err=True)
+            raise typer.Exit(1) from None
+        announce()
+        server.wait()
+    finally:
+        idle = server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    typer.echo(f"{name}: stopped")
+    if not idle:
+        # A request thread still sits in a plane wait (its client has had its 503). The
+        # pool's exit hook would join it for up to limits.max_wait seconds: leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -4,13 +4,12 @@ Lambda handlers behind the local HTTP front of ``lakeshore serve``)."""
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
-from types import FrameType
 from typing import Annotated
 
 import typer
+
+from .common import run_server
 
 __all__ = ["dev"]
 
@@ -55,30 +54,14 @@ def dev(
         access_log=access_log,
     )
 
-    def on_signal(sig: int, frame: FrameType | None) -> None:
-        # Only flags here; a second Ctrl-C skips the grace period.
-        stack.request_stop(force=stack.stopping)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        try:
-            stack.start()
-        except OSError as exc:
-            typer.echo(f"lakeshore dev: cannot listen: {exc.strerror or exc}", err=True)
-            raise typer.Exit(1) from None
-        _announce(stack.url, stack.admin_token, stack.moto_endpoint, stack.aws_target, sweep_every)
-        stack.wait()
-    finally:
-        idle = stack.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    typer.echo("lakeshore dev: stopped")
-    if not idle:
-        # A request thread still sits in a plane wait (its client has had its 503): leave
-        # now rather than let the pool's exit hook join it (see lakeshore serve).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    run_server(
+        stack,
+        "lakeshore dev",
+        cannot_listen=lambda exc: f"cannot listen: {exc.strerror or exc}",
+        announce=lambda: _announce(
+            stack.url, stack.admin_token, stack.moto_endpoint, stack.aws_target, sweep_every
+        ),
+    )
 
 
 def _announce(url: str, token: str, moto: str, aws_target: str, sweep_every: float) -> None:

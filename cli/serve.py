@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 from typing import Annotated
 
 import typer
 
 from .. import config
+from .common import run_server
 
 __all__ = ["serve"]
 
@@ -54,17 +52,7 @@ def serve(
         path, host=host, port=port, new_admin_token=new_admin_token, access_log=access_log
     )
 
-    def on_signal(sig: int, frame: FrameType | None) -> None:
-        # Only flags here; a second Ctrl-C skips the grace period.
-        server.request_stop(force=server.stopping)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        try:
-            server.start()
-        except OSError as exc:
-            typer.echo(f"lakeshore serve: cannot listen on {host}:{port}: {exc.strerror}", err=True)
-            raise typer.Exit(1) from None
+    def announce() -> None:
         _announce(server.url, path, server.admin_token, bootstrapped=server.bootstrapped)
         if host not in _LOOPBACK:
             typer.echo(
@@ -72,18 +60,13 @@ def serve(
                 "put TLS in front for other machines",
                 err=True,
             )
-        server.wait()
-    finally:
-        idle = server.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    typer.echo("lakeshore serve: stopped")
-    if not idle:
-        # A thread still sits in a plane wait (its client has had its 503). The pool's
-        # exit hook would join it for up to limits.max_wait seconds: leave now instead.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+
+    run_server(
+        server,
+        "lakeshore serve",
+        cannot_listen=lambda exc: f"cannot listen on {host}:{port}: {exc.strerror}",
+        announce=announce,
+    )
 
 
 def _announce(url: str, path: Path, token: str | None, *, bootstrapped: bool) -> None:
