@@ -16,6 +16,8 @@ setup: $(BIN)/python
 
 setup-dev: $(BIN)/python
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	@# the dashboard's browser tests drive Debian's chromium (Playwright's download is not used)
+	test -x /usr/bin/chromium || { apt-get update && apt-get install -y chromium; }
 
 # Re-pin constraints.txt from the current environment (after a deliberate upgrade).
 constraints: setup-dev

@@ -6,20 +6,28 @@ client asked for. Errors map to HTTP by class (``LakeshoreError.status``), never
 message. ``make_app(service)`` builds the router; ``lakeshore serve`` calls it with a
 SQLite plane, and :func:`handler` (the Lambda entry) with the plane its environment
 names.
+
+Besides API v1 the router serves the web dashboard (``GET /`` → ``/ui/``, its static
+files without a token: every figure they show comes from v1 with the bearer token) and
+the service's metrics as Prometheus text (``GET /metrics``, admin).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
 
+from .. import logs
 from ..api import Identity, Service, authenticate
 from ..api.codec import JSON, decode_body, encode_body, pick_type
+from ..dashboard import asset as dashboard_file
 from ..errors import InvalidRequest, LakeshoreError, MethodNotAllowed, NotFound, Unauthorized
+from ..metrics import Event, Registry
 from . import apigw
 
 __all__ = ["ROUTES", "handler", "make_app"]
@@ -183,6 +191,30 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
     route("GET", "/v1/tokens")(lambda ident: service.list_tokens(ident))
     route("DELETE", "/v1/tokens/{id}")(lambda ident, id: service.revoke_token(ident, id))
 
+    # --- statistics, metrics and the dashboard ------------------------------------------------
+    route("GET", "/v1/stats")(lambda ident: service.stats(ident, query()))
+
+    def plain(method: str, path: str, fn: Callable[..., Response[Any]]) -> None:
+        """Register a route that answers for itself (no v1 body codec)."""
+        ROUTES.append((method, path)) if (method, path) not in ROUTES else None
+        app.route(re.sub(r"\{(\w+)\}", r"<\1>", path), method=[method])(fn)
+
+    def prometheus() -> Response[Any]:
+        text = service.metrics_text(caller())
+        return Response(200, "text/plain; version=0.0.4; charset=utf-8", text)
+
+    def static(asset: str) -> Response[Any]:
+        found = dashboard_file(asset)
+        if found is None:
+            raise NotFound(f"no dashboard file {asset!r}")
+        headers = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}
+        return Response(200, found[0], found[1], headers=headers)
+
+    plain("GET", "/metrics", prometheus)
+    plain("GET", "/", lambda: Response(302, "text/plain", "", headers={"Location": "/ui/"}))
+    plain("GET", "/ui/", lambda: static(asset="index.html"))
+    plain("GET", "/ui/{asset}", static)
+
     # --- errors ----------------------------------------------------------------------------------
     templates = [
         (m, re.compile("^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(p)) + "$"))
@@ -244,17 +276,21 @@ def _service_from_env() -> Service:
 
 
 _metrics: Any = None
+_registry: Registry | None = None
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """The Lambda entry point: resolve the event, emit request metrics (CloudWatch EMF)."""
-    global _lambda_app, _metrics
+    global _lambda_app, _metrics, _registry
     if _lambda_app is None:
         from aws_lambda_powertools import Logger, Metrics
 
         _metrics = Metrics(namespace="Lakeshore", service="api")
         logger = Logger(service="lakeshore-api")  # structured JSON logs in CloudWatch
-        _lambda_app = make_app(_service_from_env(), logger=logger)  # type: ignore[arg-type]
+        logs.configure(sys.stdout)  # the service's events, JSON lines like powertools'
+        service = _service_from_env()
+        service.metrics = _registry = Registry(keep_events=True)
+        _lambda_app = make_app(service, logger=logger)  # type: ignore[arg-type]
     result: dict[str, Any] = _lambda_app.resolve(event, context)
     status = int(result.get("statusCode", 500))
     _metrics.add_metric(name="Requests", unit="Count", value=1)
@@ -263,4 +299,22 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
             name="ClientErrors" if status < 500 else "ServerErrors", unit="Count", value=1
         )
     _metrics.flush_metrics()
+    assert _registry is not None
+    write_emf(_registry.drain())
     return result
+
+
+def write_emf(events: list[Event], namespace: str = "Lakeshore") -> None:
+    """Print ``events`` as CloudWatch EMF: one document per dimension (a queue or a
+    worker), each metric with every value observed (histograms keep their values)."""
+    from aws_lambda_powertools.metrics import EphemeralMetrics
+
+    by_dimension: dict[tuple[str, str], list[Event]] = {}
+    for e in events:
+        by_dimension.setdefault(e.dimension, []).append(e)
+    for (key, value), group in by_dimension.items():
+        emf = EphemeralMetrics(namespace=namespace, service="api")
+        emf.add_dimension(name=key, value=value)
+        for e in group:
+            emf.add_metric(name=e.name, unit=e.unit, value=e.value)
+        emf.flush_metrics()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 import threading
 import warnings
@@ -34,13 +35,15 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any, ClassVar
 
-from . import config, context
+from . import config, context, logs
 from .dispatch import Dispatch
 from .errors import InvalidRequest
 from .plane.model import FINISHED, Invocation, QueueSpec, RetryPolicy, Submission
 from .submit import SubmitOptions, key_id, new_id, outcome
 from .transport import AsyncResults
 from .wire import EncodedCall, encode_exec, encode_pickle_call, encode_ref_call
+
+_log = logging.getLogger("dreamlake.lakeshore.sdk")
 
 __all__ = [
     "BoltzmannQueue",
@@ -245,6 +248,7 @@ class _QueueHandle:
             max_attempts=opts.max_attempts,
             retry=opts.retry,
         )
+        logs.event(_log, "invocation.submitting", inv_id, queue=stored.name, level=logging.DEBUG)
         return dp.submit([sub], spec=self.spec, strict=self.strict, check=self._check)[0]
 
     def _submit_exec(

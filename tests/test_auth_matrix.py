@@ -220,6 +220,8 @@ class Route:
     build: Callable[[World], Request]
     #: the status of a permitted call
     ok: int = 200
+    #: answered to anyone, token or not (the dashboard's static files)
+    public: bool = False
 
 
 ANY = frozenset({"producer", "worker"})
@@ -468,12 +470,25 @@ ROUTE_TABLE: list[Route] = [
         False,
         lambda w: Request("DELETE", f"/v1/tokens/{w.victim}"),
     ),
+    Route(
+        "GET",
+        "/v1/stats",
+        ANY,
+        True,
+        lambda w: Request("GET", "/v1/stats", query=f"queue={QUEUE}"),
+    ),
+    Route("GET", "/metrics", ADMIN, False, lambda w: Request("GET", "/metrics")),
+    Route("GET", "/", ANY, False, lambda w: Request("GET", "/"), ok=302, public=True),
+    Route("GET", "/ui/", ANY, False, lambda w: Request("GET", "/ui/"), public=True),
+    Route("GET", "/ui/{asset}", ANY, False, lambda w: Request("GET", "/ui/app.js"), public=True),
 ]
 ROUTES_BY_KEY = {(r.method, r.path): r for r in ROUTE_TABLE}
 
 
 def expected(route: Route, caller: str) -> int:
     """The status docs/api.md promises ``caller`` on ``route``."""
+    if route.public:
+        return route.ok
     if caller in _BAD_TOKENS:
         return 401
     if caller == "admin":

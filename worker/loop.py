@@ -7,12 +7,13 @@ invocation at a time, so a job that blocks blocks this worker only.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
 
-from .. import data
+from .. import data, logs
 from ..dispatch import Dispatch
 from ..errors import LakeshoreError, Throttled, Unavailable
 from ..plane.model import Claim
@@ -23,6 +24,8 @@ from .execute import Executor
 from .report import report
 
 __all__ = ["run_worker"]
+
+_log = logging.getLogger("dreamlake.lakeshore.worker")
 
 
 def default_worker_id() -> str:
@@ -124,11 +127,19 @@ def run_worker(
                 continue
             outage = 0.0
             for claim in claims:
+                logs.event(
+                    _log, "job.started", claim.id, queue=claim.queue, worker=me,
+                    attempt=claim.attempt,
+                )  # fmt: skip
                 beat.hold(claim)
                 with data.using(lambda: dp):
                     outcome = executor.run(claim, progress=_progress_to(transport, claim))
                 beat.hold(None)
                 report(dp, claim, outcome)
+                logs.event(
+                    _log, "job.finished", claim.id, queue=claim.queue, worker=me, ok=outcome.ok,
+                    error_type=(outcome.error or {}).get("type"),
+                )  # fmt: skip
                 ran += 1
             if once and ran:
                 break

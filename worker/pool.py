@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import logs
 from ..dispatch import Dispatch
 from ..errors import LakeshoreError, Throttled, Unavailable
 from ..plane.model import Claim
@@ -276,6 +277,10 @@ class ProcessWorker:
             self._done.append((claim, Outcome(ok=False, error=error, retryable=False)))
             self.completed += 1
             return
+        logs.event(
+            log, "job.started", claim.id, queue=claim.queue, worker=self.worker_id,
+            attempt=claim.attempt,
+        )  # fmt: skip
         with self._lock:
             slot.claim = claim
             slot.deadline = time.monotonic() + claim.timeout if claim.timeout else None
@@ -345,6 +350,10 @@ class ProcessWorker:
         assert claim is not None
         with self._lock:
             slot.claim, slot.deadline, slot.pgid = None, None, None
+        logs.event(
+            log, "job.finished", claim.id, queue=claim.queue, worker=self.worker_id,
+            ok=outcome.ok, error_type=(outcome.error or {}).get("type"),
+        )  # fmt: skip
         self._done.append((claim, outcome))
         self.completed += 1
 

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .. import __version__
+from .. import __version__, logs
+from ..dashboard import PauseFlags, call_summary, queue_stats
 from ..errors import InvalidRequest, LakeshoreError, NotFound, PayloadTooLarge, QueueNotFound
+from ..metrics import Registry
 from ..plane import Plane
-from ..plane.model import Invocation, QueueSpec, RetryPolicy, Submission
+from ..plane.model import Invocation, QueueSpec, RetryPolicy, State, Submission
 from ..submit import new_id
 from ..wire import (
     PICKLE_PROTOCOL,
@@ -32,6 +36,8 @@ from .auth import Identity, create_token
 from .codec import as_bytes, fields
 
 __all__ = ["Limits", "Service"]
+
+_log = logging.getLogger("dreamlake.lakeshore.api")
 
 _NUM = (int, float)
 _OPT_NUM = (int, float, type(None))
@@ -63,6 +69,8 @@ _SUBMISSION: dict[str, Any] = {
 _MAX_DELAY = 366 * 86400.0
 #: a daemon not heard from for this long no longer counts as a live worker
 _DAEMON_STALE = 300.0
+#: how often a claim on paused queues only looks again whether one was resumed
+_PAUSE_RECHECK = 1.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,8 @@ def invocation_view(rec: Invocation, now: float, *, result: bool = True) -> dict
         "worker": rec.worker,
         "timeout": rec.timeout,
         "error": rec.error,
+        "progress": rec.progress,
+        "progress_message": rec.progress_message,
     }
     if result and rec.result is not None and not expired:
         view["result"] = rec.result
@@ -132,11 +142,15 @@ class Service:
         limits: Limits | None = None,
         signing_key: bytes | None = None,
         server: str = "lakeshore",
+        metrics: Registry | None = None,
     ) -> None:
         self.plane = plane
         self.limits = limits or Limits()
         self._key = signing_key or secrets.token_bytes(32)
         self.server = server
+        #: what the service counts (``GET /metrics``; EMF on Lambda)
+        self.metrics = metrics or Registry()
+        self.pauses = PauseFlags(plane)
 
     # ------------------------------------------------------------------ hello
     def hello(self, ident: Identity) -> dict[str, Any]:
@@ -176,31 +190,67 @@ class Service:
         stored = self.plane.ensure_queue(spec, create=create, check=check)
         return {"queue": _spec_view(stored)}
 
-    def list_queues(self, ident: Identity) -> dict[str, Any]:
+    def _queue_views(self, ident: Identity) -> list[dict[str, Any]]:
+        found = [q for q in self.plane.list_queues() if ident.may_use(q["spec"].name)]
+        paused = self.pauses.paused(q["spec"].name for q in found)
         out = []
-        for q in self.plane.list_queues():
+        for q in found:
             spec: QueueSpec = q["spec"]
-            if ident.may_use(spec.name):
-                out.append(
-                    {**_spec_view(spec), "last_activity": q["last_activity"], "counts": q["counts"]}
-                )
-        return {"queues": out}
+            self.metrics.counts(spec.name, q["counts"])
+            view = {**_spec_view(spec), "last_activity": q["last_activity"]}
+            out.append({**view, "counts": q["counts"], "paused": spec.name in paused})
+        return out
+
+    def list_queues(self, ident: Identity) -> dict[str, Any]:
+        return {"queues": self._queue_views(ident)}
 
     def get_queue(self, ident: Identity, name: str) -> dict[str, Any]:
         ident.check_queue(name)
-        for q in self.plane.list_queues():
-            if q["spec"].name == name:
-                view = {**_spec_view(q["spec"]), "last_activity": q["last_activity"]}
-                return {"queue": {**view, "counts": q["counts"]}}
+        for view in self._queue_views(ident):
+            if view["name"] == name:
+                return {"queue": view}
         raise QueueNotFound(f"queue {name!r} does not exist")
 
     def update_queue(self, ident: Identity, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Change settings; ``paused`` (true or false) holds back or releases claims."""
         ident.require("producer")
         ident.check_queue(name)
-        changes = fields(
-            body, {k: v for k, v in _QUEUE_FIELDS.items() if k not in ("name", "kind")}
-        )
-        return {"queue": _spec_view(self.plane.update_queue(name, **changes))}
+        schema = {k: v for k, v in _QUEUE_FIELDS.items() if k not in ("name", "kind")}
+        changes = fields(body, {**schema, "paused": bool})
+        paused = changes.pop("paused", None)
+        spec = self.plane.update_queue(name, **changes) if changes else self.plane.get_queue(name)
+        if paused is not None:
+            self.pauses.set_paused(name, paused)
+            logs.event(_log, "queue.paused" if paused else "queue.resumed", queue=name)
+        return {"queue": {**_spec_view(spec), "paused": name in self.pauses.paused([name])}}
+
+    def stats(self, ident: Identity, query: dict[str, str]) -> dict[str, Any]:
+        """Per-minute submits, outcomes and queue times over the last ``window`` seconds
+        (3600 by default, 300 to 21600), for ``queue`` or every queue in scope."""
+        q = fields(query, {"queue": str, "window": str}, where="query")
+        try:
+            window = float(q.get("window", "3600"))
+        except ValueError:
+            raise InvalidRequest("window must be a number of seconds") from None
+        if not 300 <= window <= 21600:
+            raise InvalidRequest("window must be 300 to 21600 seconds")
+        if "queue" in q:
+            ident.check_queue(q["queue"])
+            self.plane.get_queue(q["queue"])
+            names = [q["queue"]]
+        else:
+            names = [s.name for s, _ in self.plane.store.list_queues() if ident.may_use(s.name)]
+        return {
+            "time": self.plane.now(),
+            "window": window,
+            "queues": [queue_stats(self.plane, name, window=window) for name in sorted(names)],
+        }
+
+    def metrics_text(self, ident: Identity) -> str:
+        """The Prometheus exposition of :attr:`metrics`, queue gauges read just now."""
+        ident.require()
+        self._queue_views(ident)
+        return self.metrics.prometheus()
 
     def delete_queue(self, ident: Identity, name: str, force: bool) -> dict[str, Any]:
         ident.require("producer")
@@ -226,12 +276,19 @@ class Service:
                 self.plane.ensure_queue(QueueSpec(name))  # first submit creates, as in the SDK
                 created.append(name)
         try:
-            return {"ids": self.plane.submit(subs)}
+            ids = self.plane.submit(subs)
         except LakeshoreError:
             for name in created:  # a refused submit leaves no queue behind
                 if not any(self.plane.counts(name).values()):
                     self.plane.delete_queue(name)
             raise
+        per_queue: dict[str, int] = {}
+        for sub in subs:
+            per_queue[sub.queue] = per_queue.get(sub.queue, 0) + 1
+            logs.event(_log, "invocation.submitted", sub.id, queue=sub.queue)
+        for name, n in per_queue.items():
+            self.metrics.submitted(name, n)
+        return {"ids": ids}
 
     def _submission(self, ident: Identity, item: Any, i: int) -> Submission:
         where = f"invocations[{i}]"
@@ -290,7 +347,8 @@ class Service:
 
     def get_invocation(self, ident: Identity, inv_id: str) -> dict[str, Any]:
         rec = self._readable(ident, inv_id)
-        return {"invocation": invocation_view(rec, self.plane.now())}
+        view = invocation_view(rec, self.plane.now())
+        return {"invocation": {**view, "call": call_summary(rec.payload)}}
 
     def list_invocations(self, ident: Identity, query: dict[str, str]) -> dict[str, Any]:
         ident.require("producer")
@@ -330,8 +388,10 @@ class Service:
         return {"invocations": [invocation_view(r, now) for r in done]}
 
     def cancel(self, ident: Identity, inv_id: str) -> dict[str, Any]:
-        self._readable(ident, inv_id)
-        return {"state": self.plane.cancel(inv_id).value}
+        rec = self._readable(ident, inv_id)
+        state = self.plane.cancel(inv_id).value
+        logs.event(_log, "invocation.cancelled", inv_id, queue=rec.queue, state=state)
+        return {"state": state}
 
     def update_invocation(
         self, ident: Identity, inv_id: str, body: dict[str, Any]
@@ -342,8 +402,10 @@ class Service:
         return {"invocation": invocation_view(rec, self.plane.now())}
 
     def retry(self, ident: Identity, inv_id: str) -> dict[str, Any]:
-        self._readable(ident, inv_id)
-        return {"invocation": invocation_view(self.plane.retry(inv_id), self.plane.now())}
+        rec = self._readable(ident, inv_id)
+        again = self.plane.retry(inv_id)
+        logs.event(_log, "invocation.retried", inv_id, queue=rec.queue, by="request")
+        return {"invocation": invocation_view(again, self.plane.now())}
 
     def read_logs(self, ident: Identity, inv_id: str, query: dict[str, str]) -> dict[str, Any]:
         self._readable(ident, inv_id)
@@ -385,9 +447,29 @@ class Service:
         if lease is not None and not 1 <= lease <= 3600:
             raise InvalidRequest("lease_seconds must be 1 to 3600")
         wait = min(max(0.0, float(body.get("wait", 0.0))), self.limits.max_wait)
+        deadline = time.monotonic() + wait
+        while True:
+            open_queues = [q for q in queues if q not in self.pauses.paused(queues)]
+            if open_queues:
+                break
+            left = deadline - time.monotonic()
+            if left <= 0:  # every queue named is paused: nothing to hand out
+                return {"claims": []}
+            threading.Event().wait(min(left, _PAUSE_RECHECK))
+        left = max(0.0, deadline - time.monotonic())
         claims = self.plane.claim(
-            queues, body["worker"], limit=limit, wait=wait, lease_seconds=lease
+            open_queues, body["worker"], limit=limit, wait=left, lease_seconds=lease
         )
+        for c in claims:
+            self.metrics.claimed(c.queue)
+            logs.event(
+                _log,
+                "invocation.claimed",
+                c.id,
+                queue=c.queue,
+                worker=body["worker"],
+                attempt=c.attempt,
+            )
         return {"claims": [asdict(c) for c in claims]}
 
     def _batch(
@@ -403,19 +485,42 @@ class Service:
             out.append(fields(item, schema, required=required, where=f"{key}[{i}]"))
         return out
 
-    def _leased_in_scope(self, ident: Identity, ids: list[str]) -> None:
-        """A worker answers only for invocations of queues in its scopes (a lease token
-        alone is not enough: it could have leaked)."""
-        if ident.role == "admin":
+    def _leased_in_scope(self, ident: Identity, ids: list[str]) -> dict[str, Invocation]:
+        """The records of ``ids``, by id. A worker answers only for invocations of queues
+        in its scopes (a lease token alone is not enough: it could have leaked)."""
+        recs = {rec.id: rec for rec in self.plane.get_many(ids)}
+        if ident.role != "admin":
+            for rec in recs.values():
+                ident.check_queue(rec.queue)
+        return recs
+
+    def _finished(self, rec: Invocation | None, outcome: str, **fields: Any) -> None:
+        """Count and log the end of an attempt of ``rec`` (as it was while running)."""
+        if rec is None:
             return
-        for rec in self.plane.get_many(ids):
-            ident.check_queue(rec.queue)
+        now = self.plane.now()
+        started = rec.started_at
+        queue_time = None if started is None else started - rec.available_at
+        run_time = None if started is None else now - started
+        self.metrics.finished(rec.queue, outcome, queue_time, run_time)
+        logs.event(
+            _log,
+            f"invocation.{outcome}",
+            rec.id,
+            queue=rec.queue,
+            worker=rec.worker,
+            attempt=rec.attempt,
+            run_time=run_time,
+            **fields,
+        )
 
     def heartbeat(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require("worker")
         body = fields(body, {"leases": list, "lease_seconds": _OPT_NUM}, required=("leases",))
         leases = self._batch(body, "leases", {"id": str, "lease_token": str}, ("id", "lease_token"))
-        self._leased_in_scope(ident, [x["id"] for x in leases])
+        recs = self._leased_in_scope(ident, [x["id"] for x in leases])
+        for rec in recs.values():
+            self.metrics.heartbeat(rec.worker or "unknown", "lease")
         answers = [
             asdict(
                 self.plane.heartbeat(
@@ -435,7 +540,7 @@ class Service:
             {"id": str, "lease_token": str, "result": (bytes, str)},
             ("id", "lease_token", "result"),
         )
-        self._leased_in_scope(ident, [x["id"] for x in items])
+        recs = self._leased_in_scope(ident, [x["id"] for x in items])
         answers = []
         for x in items:
             result = as_bytes(x["result"], "result")
@@ -444,8 +549,10 @@ class Service:
             try:
                 self.plane.complete(x["id"], x["lease_token"], result)
                 answers.append({"id": x["id"], "ok": True, "error": None})
+                self._finished(recs.get(x["id"]), "succeeded")
             except LakeshoreError as exc:  # LeaseLost and the like answer per item
                 answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
+                logs.event(_log, "answer.refused", x["id"], code=exc.code)
         return {"answers": answers}
 
     def fail(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
@@ -453,7 +560,7 @@ class Service:
         fields(body, {"failures": list}, required=("failures",))
         schema = {"id": str, "lease_token": str, "error": dict, "retryable": bool}
         items = self._batch(body, "failures", schema, ("id", "lease_token", "error"))
-        self._leased_in_scope(ident, [x["id"] for x in items])
+        recs = self._leased_in_scope(ident, [x["id"] for x in items])
         answers = []
         for x in items:
             error = fields(
@@ -466,8 +573,11 @@ class Service:
                     x["id"], x["lease_token"], error, retryable=x.get("retryable", True)
                 )
                 answers.append({"id": x["id"], "ok": True, "state": state.value, "error": None})
+                outcome = "failed" if state is State.FAILED else "retried"
+                self._finished(recs.get(x["id"]), outcome, error_type=error.get("type"))
             except LakeshoreError as exc:
                 answers.append({"id": x["id"], "ok": False, "state": None, "error": _error(exc)})
+                logs.event(_log, "answer.refused", x["id"], code=exc.code)
         return {"answers": answers}
 
     def release(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
@@ -633,7 +743,10 @@ class Service:
     ) -> dict[str, Any]:
         ident.require("worker")
         body = fields(body, {"running": int})
-        return {"daemon": asdict(self.plane.daemon_heartbeat(daemon_id, body.get("running")))}
+        rec = self.plane.daemon_heartbeat(daemon_id, body.get("running"))
+        self.metrics.heartbeat(rec.name, "daemon")
+        self.metrics.busy(rec.name, rec.running)
+        return {"daemon": asdict(rec)}
 
     def list_daemons(self, ident: Identity) -> dict[str, Any]:
         return {"daemons": [asdict(d) for d in self.plane.list_daemons()]}
