@@ -486,6 +486,16 @@ class Meter:
             s3_bytes += sum(int(o["Size"]) for o in out.get("Contents", []))
         return ddb, s3_bytes
 
+    def ttl_days_after_expiry(self, inv_ids: Sequence[str], resources: Any) -> float:
+        """Mean days from expiry to the TTL time of the invocations' items (DynamoDB
+        deletes an item after its TTL time), over those that have both."""
+        spans = []
+        for inv_id in inv_ids:
+            item = self._get(resources.invocations, {"id": {"S": inv_id}}) or {}
+            if "purge_at" in item and "expires_at" in item:
+                spans.append(float(item["purge_at"]["N"]) - float(item["expires_at"]["N"]))
+        return sum(spans) / len(spans) / 86400 if spans else TOMBSTONE_DAYS
+
     def blob_bytes(self, resources: Any) -> int:
         """Bytes under ``blob/`` (content-addressed blobs, kept by a lifecycle rule)."""
         out = self.peek_s3.list_objects_v2(Bucket=resources.bucket, Prefix="blob/")
@@ -745,7 +755,8 @@ def lifecycle(size: int, batch: int, jobs: int) -> Run:
             n = min(batch, jobs - done_jobs)
             ids += one_round(n, phases)
             done_jobs += n
-        # storage: what the records hold until purge strips them, then until they go
+        # storage: what the records hold until they expire, then (stripped or whole)
+        # until TTL deletes them, or purge does
         ddb_full, s3_full = stack.meter.stored_bytes(ids, stack.resources)
         blob_bytes = stack.meter.blob_bytes(stack.resources) - blobs_before
         purged = Figures()
@@ -753,12 +764,13 @@ def lifecycle(size: int, batch: int, jobs: int) -> Run:
             stack.clock.advance(RETENTION_DAYS * 86400 + 1)
             stack.plane.sweep()
             ddb_stripped, _ = stack.meter.stored_bytes(ids, stack.resources)
+            ttl_days = stack.meter.ttl_days_after_expiry(ids, stack.resources)
             stack.clock.advance(TOMBSTONE_DAYS * 86400)
             stack.plane.sweep()
         # the warm-up job was purged too: its share is not the runs'
         phases["purge"].add(purged.scaled((len(ids) + len(warm)) / len(ids)))
         left, _ = stack.meter.stored_bytes(ids, stack.resources)
-        tail = TOMBSTONE_DAYS + (TTL_LAG_DAYS if left else 0.0)
+        tail = ttl_days + TTL_LAG_DAYS if left else TOMBSTONE_DAYS
         store = phases["purge"]
         store.ddb_byte_days += ddb_full * RETENTION_DAYS + ddb_stripped * tail
         store.s3_byte_days += s3_full * RETENTION_DAYS + blob_bytes * 30.0

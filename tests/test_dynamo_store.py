@@ -228,39 +228,87 @@ def test_a_claim_moves_an_invocation_from_the_pending_index_to_the_leases_index(
     assert item[K.REV] == {"N": "1"}
 
 
-def test_a_finished_invocation_is_stripped_once_then_left_to_ttl(
-    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
-) -> None:
-    # Given a running invocation
-    store.insert(record("a", state=State.RUNNING, lease_token="t", lease_expires_at=T0 + 60))
-    # When it completes, expiring at T0 + 100
+def _complete(store: DynamoStore, inv_id: str, result: bytes = b"r") -> None:
     expect = {"state": State.RUNNING, "lease_token": "t"}
     changes = {
         "state": State.SUCCEEDED,
-        "result": b"r",
+        "result": result,
         "expires_at": T0 + 100,
         "lease_expires_at": None,
     }
-    assert store.update_if("a", expect, changes) is not None
+    assert store.update_if(inv_id, expect, changes) is not None
+
+
+def test_a_finished_invocation_without_objects_is_left_to_ttl(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a running invocation with its payload inline
+    store.insert(record("a", state=State.RUNNING, lease_token="t", lease_expires_at=T0 + 60))
+    # When it completes with a small result, expiring at T0 + 100
+    _complete(store, "a")
     item = raw(aws, "a")
-    # Then it has left the leases index, waits in a strip partition, and has its TTL
-    shard = K.expiry_shard("a")
-    assert not {K.LEASE_PK, K.PENDING_PK, "lease_expires_at"} & set(item)
-    assert item[K.PURGE_PK] == {"S": K.strip_pk(shard)}
+    # Then it has left the leases index, is in no expiry partition, and has its TTL
+    assert not {K.LEASE_PK, K.PENDING_PK, "lease_expires_at", K.PURGE_PK} & set(item)
     assert int(item[K.PURGE_AT]["N"]) == int(T0 + 100 + K.TTL_AFTER_EXPIRY)
+    assert K.TTL_AFTER_EXPIRY > 30 * 86400  # past the default tombstone
     assert item[K.FINAL] == {"S": "succeeded"}
-    # When purge passes its expiry (with a tombstone of 1,100 s), it is stripped, leaves
-    # the expiry index, and its TTL becomes the end of its tombstone
+    # And purges, past its expiry and past its tombstone, write nothing: TTL deletes it
+    _, ddb, s3 = aws
+    with requests(ddb, s3) as seen:
+        assert store.purge(T0 + 100, T0 - 1000) == 0
+        assert store.purge(T0 + 5000, T0 + 3000) == 0
+    assert not {"UpdateItem", "DeleteItem", "BatchWriteItem"} & set(seen)
+    assert raw(aws, "a") == item
+
+
+def test_a_finished_invocation_with_an_offloaded_payload_is_stripped_once(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a running invocation whose payload is in S3
+    store.insert(
+        record(
+            "a", state=State.RUNNING, lease_token="t", lease_expires_at=T0 + 60, payload=b"p" * BIG
+        )
+    )
+    assert objects(aws, "inv/a/") != []
+    # When it completes with a small result
+    _complete(store, "a")
+    # Then it waits in a strip partition of the expiry index
+    shard = K.expiry_shard("a")
+    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(shard)) == ["a"]
+    # When purge passes its expiry (with a tombstone of 1,100 s), it is stripped, its
+    # object goes, it leaves the index and its TTL becomes the end of its tombstone
     assert store.purge(T0 + 100, T0 - 1000) == 1
     item = raw(aws, "a")
-    assert not {"payload", "result", K.PURGE_PK} & set(item)
+    assert not {"payload", "result", K.PURGE_PK, K.OFFLOAD_REFS["payload"]} & set(item)
     assert int(item[K.PURGE_AT]["N"]) == int(T0 + 100 + 1100)
     assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(shard)) == []
+    assert objects(aws, "inv/") == []
     # And later purges leave it to TTL: nothing more is written
     _, ddb, s3 = aws
     with requests(ddb, s3) as seen:
         assert store.purge(T0 + 5000, T0 + 3000) == 0
     assert "UpdateItem" not in seen and "DeleteItem" not in seen
+    assert store.get("a") is not None
+
+
+@pytest.mark.parametrize("order", ["output-first", "finished-first"])
+def test_a_finished_invocation_with_output_is_found_by_purge(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any], order: str
+) -> None:
+    # Given a running invocation that writes output, before or (late) after it finishes
+    store.insert(record("a", state=State.RUNNING, lease_token="t", lease_expires_at=T0 + 60))
+    entries = [LogEntry(1, "stdout", "out", T0, 1)]
+    if order == "output-first":
+        store.append_logs("a", entries)
+        _complete(store, "a")
+    else:
+        _complete(store, "a")
+        store.append_logs("a", entries)
+    # Then it waits in the expiry index, and purge deletes its output past its expiry
+    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(K.expiry_shard("a"))) == ["a"]
+    store.purge(T0 + 100, T0 - 1000)
+    assert store.read_logs("a", 0, 10) == []
     assert store.get("a") is not None
 
 

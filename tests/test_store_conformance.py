@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from dreamlake.lakeshore.clock import FakeClock
+from dreamlake.lakeshore.errors import InvalidRequest, UnknownInvocation
 from dreamlake.lakeshore.plane import (
     Invocation,
     Plane,
@@ -702,11 +703,9 @@ def test_counts_of_an_empty_queue_has_no_invocations(store: Store) -> None:
 # =======================================================================================
 
 
-def test_purge_strips_expired_data_and_deletes_records_past_the_tombstone(
-    store: Store,
-) -> None:
-    # Given finished records past expiry, past the tombstone, not yet expired, and a
-    # pending record that never expires
+def test_purge_keeps_the_data_of_records_not_yet_expired(store: Store) -> None:
+    # Given finished records past expiry and past the tombstone, one not yet expired,
+    # and a pending record that never expires
     tombstone_until = T0 - 100
     insert_all(
         store,
@@ -715,26 +714,37 @@ def test_purge_strips_expired_data_and_deletes_records_past_the_tombstone(
         record("fresh", state=State.SUCCEEDED, expires_at=T0 + 1, result=b"r"),
         record("waiting"),
     )
-    # When the store is purged
-    touched = store.purge(T0, tombstone_until)
-    # Then the expired record loses payload and result but is still known
-    expired = store.get("expired")
-    assert expired is not None
-    assert (expired.payload, expired.result, expired.state) == (None, None, State.SUCCEEDED)
-    # And the record past its tombstone is gone
-    assert store.get("buried") is None
-    # And the others keep their data
+    # When the store is purged (what it reclaims of the expired ones is its own affair:
+    # the plane hides them, see "Expiry through the plane" below)
+    store.purge(T0, tombstone_until)
+    # Then the others keep every field
     assert store.get("fresh") == record(
         "fresh", state=State.SUCCEEDED, expires_at=T0 + 1, result=b"r"
     )
     assert store.get("waiting") == record("waiting")
-    assert touched == 2
 
 
 def test_purge_twice_touches_nothing_the_second_time(store: Store) -> None:
     insert_all(store, record("expired", state=State.SUCCEEDED, expires_at=T0 - 1))
-    assert store.purge(T0, T0 - 100) == 1
+    store.purge(T0, T0 - 100)
     assert store.purge(T0, T0 - 100) == 0
+
+
+def test_running_counts_what_running_below_counts(store: Store) -> None:
+    # Given three pending invocations in q and one in another queue
+    insert_all(store, record("a"), record("b"), record("c"), record("o", "other"))
+    start = {"state": State.RUNNING}
+    # When two of q's and the other queue's are started under a cap
+    for inv_id in ("a", "b", "o"):
+        assert store.update_if(inv_id, {"state": State.PENDING}, start, running_below=5)
+    # Then q has two running, and the cap sees the same number
+    assert store.running("q") == 2
+    assert store.update_if("c", {"state": State.PENDING}, start, running_below=2) is None
+    # And once one finishes, one fewer
+    assert store.update_if("a", {"state": State.RUNNING}, {"state": State.SUCCEEDED})
+    assert store.running("q") == 1
+    assert store.running("other") == 1
+    assert store.running("empty") == 0
 
 
 # =======================================================================================
@@ -969,3 +979,103 @@ def test_a_delayed_high_priority_submission_goes_first_once_due(
     clock.advance(5)
     # Then the high priority one goes ahead of the remaining low one
     assert drain(plane, q) == ["urgent-later", "routine-2"]
+
+
+# =======================================================================================
+# Expiry through the plane: the core hides what has expired, whatever the store still
+# holds (a store may leave purging to its own expiry, as DynamoDB's TTL does)
+# =======================================================================================
+
+RETENTION = 100.0
+TOMBSTONE = 1000.0
+
+
+@pytest.fixture
+def expiring(store: Store, clock: FakeClock) -> Plane:
+    """The plane core over ``store`` with a short retention and tombstone."""
+    return Plane(store, clock=clock, retention=RETENTION, tombstone=TOMBSTONE)
+
+
+def finish(plane: Plane, inv_id: str, queue: str = "exp") -> None:
+    """Submit, claim (writing some output) and complete one invocation."""
+    plane.ensure_queue(QueueSpec(queue))
+    plane.submit([Submission(inv_id, queue, b"args")])
+    (claim,) = plane.claim([queue], "w")
+    plane.append_logs(claim.id, claim.lease_token, [(1, "stdout", "hello")])
+    plane.complete(claim.id, claim.lease_token, b"result")
+
+
+@pytest.mark.parametrize("swept", [False, True], ids=["unswept", "swept"])
+def test_an_expired_invocation_keeps_its_state_but_not_its_data(
+    expiring: Plane, clock: FakeClock, swept: bool
+) -> None:
+    # Given a finished invocation with output, just before it expires
+    finish(expiring, "job")
+    clock.advance(RETENTION - 1)
+    if swept:
+        expiring.sweep()
+    # Then everything is there
+    rec = expiring.get("job")
+    assert (rec.payload, rec.result) == (b"args", b"result")
+    assert [e.text for e in expiring.read_logs("job")] == ["hello"]
+    # When it expires (whether or not the plane has swept since)
+    clock.advance(1)
+    if swept:
+        expiring.sweep()
+    # Then every read shows it known, finished and without payload, result or output
+    rec = expiring.get("job")
+    assert (rec.payload, rec.result, rec.state) == (None, None, State.SUCCEEDED)
+    assert rec.is_expired(clock.now())
+    assert expiring.read_logs("job") == []
+    assert [(r.id, r.payload, r.result) for r in expiring.get_many(["job"])] == [
+        ("job", None, None)
+    ]
+    assert [(r.id, r.result) for r in expiring.list_invocations("exp")] == [("job", None)]
+    seen: list[Invocation] = []
+    expiring.watch(["job"], seen.append)()
+    assert [(r.id, r.result) for r in seen] == [("job", None)]
+    # And it cannot be run again
+    with pytest.raises(InvalidRequest):
+        expiring.retry("job")
+
+
+@pytest.mark.parametrize("swept", [False, True], ids=["unswept", "swept"])
+def test_an_invocation_is_unknown_once_its_tombstone_has_passed(
+    expiring: Plane, clock: FakeClock, swept: bool
+) -> None:
+    # Given five invocations finished at one time and two finished later
+    for n in range(5):
+        finish(expiring, f"a-old-{n}")
+    old_expiry = clock.now() + RETENTION
+    clock.advance(50)
+    finish(expiring, "b-new-0")
+    finish(expiring, "b-new-1")
+    # When the old ones' tombstone ends (whether or not the plane has swept)
+    clock.set(old_expiry + TOMBSTONE)
+    if swept:
+        expiring.sweep()
+    assert expiring.state("a-old-0") is State.SUCCEEDED  # the last moment it is known
+    clock.advance(1)
+    if swept:
+        expiring.sweep()
+    # Then the old ones are unknown to every read, and the later ones are not
+    with pytest.raises(UnknownInvocation):
+        expiring.get("a-old-0")
+    with pytest.raises(UnknownInvocation):
+        expiring.cancel("a-old-0")
+    with pytest.raises(UnknownInvocation):
+        expiring.read_logs("a-old-0")
+    with pytest.raises(UnknownInvocation):
+        expiring.watch(["a-old-1", "b-new-0"], lambda rec: None)
+    with pytest.raises(UnknownInvocation):
+        expiring.wait(["a-old-2"], 0.0)
+    assert sorted(r.id for r in expiring.get_many(["a-old-0", "b-new-0", "b-new-1"])) == [
+        "b-new-0",
+        "b-new-1",
+    ]
+    # And a page of the listing is filled from past the hidden ones
+    assert [r.id for r in expiring.list_invocations("exp", limit=2)] == ["b-new-0", "b-new-1"]
+    assert [r.id for r in expiring.list_invocations("exp", state="succeeded")] == [
+        "b-new-0",
+        "b-new-1",
+    ]

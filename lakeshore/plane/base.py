@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Sequence
 
 from ..clock import Clock
 from ..errors import QueueNotFound, UnknownInvocation
@@ -44,10 +45,38 @@ class PlaneBase:
 
     def get(self, inv_id: str) -> Invocation:
         """The record of one invocation. Raises :class:`UnknownInvocation`."""
-        rec = self.store.get(inv_id)
+        rec = self._read(inv_id)
         if rec is None:
             raise UnknownInvocation(f"no invocation {inv_id!r} on this plane")
         return rec
+
+    def visible(self, rec: Invocation | None, now: float | None = None) -> Invocation | None:
+        """What the plane shows of a stored record: nothing once its tombstone has
+        passed (the id is unknown), no payload and result once it has expired.
+
+        Every read of records goes through here, so a store may leave both steps of
+        :meth:`Store.purge` to its own expiry (DynamoDB's TTL) and still answer as if it
+        had purged on time. The record is changed in place and returned.
+        """
+        if rec is None or rec.expires_at is None:
+            return rec
+        now = self.clock.now() if now is None else now
+        if rec.expires_at < now - self.tombstone:
+            return None
+        if now >= rec.expires_at:
+            rec.payload = None
+            rec.result = None
+        return rec
+
+    def _read(self, inv_id: str) -> Invocation | None:
+        """One record as the plane shows it (:meth:`visible`), None when unknown."""
+        return self.visible(self.store.get(inv_id))
+
+    def _read_many(self, ids: Sequence[str]) -> list[Invocation]:
+        """The records among ``ids`` the plane shows (:meth:`visible`)."""
+        now = self.clock.now()
+        shown = (self.visible(rec, now) for rec in self.store.get_many(ids))
+        return [rec for rec in shown if rec is not None]
 
     def _touch(self, queue: str, now: float) -> None:
         """Record activity on a queue, at most once a second per queue and plane."""

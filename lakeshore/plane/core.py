@@ -30,13 +30,15 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 from ..clock import Clock, SystemClock
 from ..errors import InvalidRequest, NotFound
 from .changes import Changes
 from .daemons import DaemonOps
 from .data import DataOps
+from .model import Invocation
 from .producers import ProducerOps, request_digest
 from .queues import QueueOps
 from .store import Store
@@ -76,7 +78,7 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
         self.sweep_interval = sweep_interval
         self._rng = rng or random.Random()
         self._inline_limit = inline_limit
-        self._changes = Changes(store)
+        self._changes = Changes(cast(Store, _Shown(self)))
         self._next_sweep = 0.0
         self._next_purge = 0.0
         self._sweep_lock = threading.Lock()
@@ -114,3 +116,20 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
     def close(self) -> None:
         self._changes.close()
         self.store.close()
+
+
+class _Shown:
+    """The store as the change poller reads it: its records through
+    :meth:`PlaneBase.visible`, so a watch never sees what the plane hides."""
+
+    def __init__(self, plane: Plane) -> None:
+        self._plane = plane
+        self._store = plane.store
+        self.shared = plane.store.shared
+        self.poll_interval = plane.store.poll_interval
+
+    def get_many(self, ids: Sequence[str]) -> list[Invocation]:
+        return self._plane._read_many(ids)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)

@@ -68,7 +68,7 @@ class ProducerOps(PlaneBase):
         return ids
 
     def get_many(self, ids: Sequence[str]) -> list[Invocation]:
-        return self.store.get_many(ids)
+        return self._read_many(ids)
 
     def state(self, inv_id: str) -> State:
         return self.get(inv_id).public_state(self.clock.now())
@@ -84,7 +84,7 @@ class ProducerOps(PlaneBase):
         """
         ids = list(dict.fromkeys(ids))
         unwatch = self._changes.watch(ids, callback)
-        recs = self.store.get_many(ids)
+        recs = self._read_many(ids)
         if len(recs) != len(ids):
             unwatch()
             missing = sorted(set(ids) - {r.id for r in recs})
@@ -149,7 +149,15 @@ class ProducerOps(PlaneBase):
         public state."""
         if state is not None and state not in {s.value for s in State}:
             raise InvalidRequest(f"unknown state {state!r}")
-        return self.store.list_invocations(queue, state, self.clock.now(), after, limit)
+        found: list[Invocation] = []
+        while len(found) < limit:
+            now, want = self.clock.now(), limit - len(found)
+            page = self.store.list_invocations(queue, state, now, after, want)
+            found += [r for r in (self.visible(rec, now) for rec in page) if r is not None]
+            if len(page) < want:
+                break  # the store has no more
+            after = page[-1].id  # some were past their tombstone: read on
+        return found
 
     def retry(self, inv_id: str) -> Invocation:
         """Run a failed or dead invocation again, as a new attempt with a fresh budget of

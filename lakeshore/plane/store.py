@@ -99,9 +99,21 @@ class Store(Protocol):
         ``scheduled``."""
         ...
 
+    def running(self, queue: str) -> int:
+        """How many invocations of ``queue`` hold a running slot, as ``running_below``
+        counts them: the cheap question a refused capped claim asks (is the cap full,
+        or was the race lost?)."""
+        ...
+
     def purge(self, now: float, tombstone_until: float) -> int:
-        """Drop payload and result of records past ``expires_at``; delete records
-        whose ``expires_at`` is before ``tombstone_until``. Return records touched."""
+        """Reclaim what has expired: payload, result and output of records past
+        ``expires_at``, and records whose ``expires_at`` is before ``tombstone_until``.
+        Return records touched.
+
+        The plane core hides both already (:meth:`.base.PlaneBase.visible`: past its
+        tombstone a record is unknown, past expiry its payload and result read as
+        None), so a store may leave either step to its own expiry (DynamoDB's TTL)
+        or do it later; it must never drop the data of a record not yet expired."""
         ...
 
     def list_invocations(

@@ -111,7 +111,7 @@ class WorkerOps(PlaneBase):
         return got
 
     def _at_cap(self, queue: str, cap: int) -> bool:
-        return self.store.counts(queue, self.clock.now()).get("running", 0) >= cap
+        return self.store.running(queue) >= cap
 
     def _lease(
         self, rec: Invocation, worker: str, now: float, lease_seconds: float, cap: int | None
@@ -149,7 +149,7 @@ class WorkerOps(PlaneBase):
         self, inv_id: str, lease_token: str, *, lease_seconds: float | None = None
     ) -> HeartbeatAnswer:
         """Extend a lease. The answer says whether to keep going or stop (cancel)."""
-        rec = self.store.get(inv_id)
+        rec = self._read(inv_id)
         if rec is None or rec.lease_token != lease_token:
             return HeartbeatAnswer(inv_id, ok=False, cancel=True, lease_expires_at=None)
         if rec.state is not State.RUNNING:
@@ -197,7 +197,7 @@ class WorkerOps(PlaneBase):
     def release(self, inv_id: str, lease_token: str) -> None:
         """Hand a claimed invocation back untried: pending again, the attempt not counted
         (a worker stopping cold). Raises :class:`LeaseLost` unless the token is current."""
-        rec = self.store.get(inv_id)
+        rec = self._read(inv_id)
         if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
             raise self._refusal(inv_id, lease_token)
         changes = {
@@ -232,7 +232,7 @@ class WorkerOps(PlaneBase):
     ) -> None:
         """Store a running job's output: ``(n, stream, text)`` chunks numbered by the
         worker from 1 within its attempt (a resent chunk is stored once)."""
-        rec = self.store.get(inv_id)
+        rec = self._read(inv_id)
         if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
             raise self._refusal(inv_id, lease_token)
         now = self.clock.now()
@@ -247,8 +247,10 @@ class WorkerOps(PlaneBase):
 
     def read_logs(self, inv_id: str, after: int = 0, limit: int = 1000) -> list[LogEntry]:
         """A job's output after cursor ``after`` (an entry's ``seq``), every attempt in
-        order. Raises :class:`UnknownInvocation`."""
-        self.get(inv_id)
+        order; none once it has expired (output goes with payload and result). Raises
+        :class:`UnknownInvocation`."""
+        if self.get(inv_id).is_expired(self.clock.now()):
+            return []
         return self.store.read_logs(inv_id, after, limit)
 
     def complete(self, inv_id: str, lease_token: str, result: bytes) -> None:
@@ -279,7 +281,7 @@ class WorkerOps(PlaneBase):
 
         Returns the state the invocation is in afterwards.
         """
-        rec = self.store.get(inv_id)
+        rec = self._read(inv_id)
         if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
             raise self._refusal(inv_id, lease_token)
         if _past_deadline(rec, self.clock.now()):
@@ -319,7 +321,7 @@ class WorkerOps(PlaneBase):
 
     def _refusal(self, inv_id: str, lease_token: str) -> Exception:
         """Why an answer was refused; records a timeout the answer came too late for."""
-        rec = self.store.get(inv_id)
+        rec = self._read(inv_id)
         if rec is None:
             return UnknownInvocation(f"no invocation {inv_id!r} on this plane")
         now = self.clock.now()

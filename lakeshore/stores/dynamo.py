@@ -19,10 +19,12 @@ is :mod:`.dynamo_items`. How each primitive maps onto DynamoDB:
   ``counts`` the pending and due indexes). No primitive scans the invocations table.
   Index reads are eventually consistent (under moto they are immediate): a candidate
   that is gone or taken fails its condition.
-- ``purge`` strips a record's payload and result once (one write), and sets its TTL to
-  the end of its tombstone: DynamoDB deletes it then, free, typically within a day or
-  two. Only records found past their tombstone unstripped, and those whose error is in
-  S3 (its object goes with them), are deleted here.
+- expiry is DynamoDB's TTL: the finish write sets it past any tombstone and the plane
+  core hides what has expired (past expiry no payload or result, past the tombstone
+  nothing), so a finished record costs no further write. ``purge`` strips only
+  records holding objects in S3 or job output (the expiry index has just those):
+  their objects and output go, and TTL deletes the record at its tombstone's end. A
+  record whose error is in S3 is deleted here then, object and all.
 - payload, result and error above ``keys.INLINE_LIMITS`` go to S3 before the item is
   written; a read fetches them when first used.
 - ``change_marker`` has no cheap global counterpart: it changes on every call, so
@@ -47,7 +49,7 @@ from typing import Any
 from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
 from ..errors import Unavailable
-from ..plane.model import FINISHED, Invocation, QueueSpec, State
+from ..plane.model import FINISHED, Invocation, LogEntry, QueueSpec, State
 from . import keys as K
 from .dynamo_extras import DynamoExtras, backoff, error_code
 from .dynamo_items import (
@@ -77,6 +79,8 @@ _PENDING_CARRIED = (
 )
 #: attempts at one update under contention (a transaction conflict, a moving revision)
 _TRIES = 25
+#: ids a handle remembers having marked as having output (then forgets them all)
+_LOGGED_MEMORY = 10_000
 
 
 def make_clients(
@@ -147,6 +151,7 @@ class DynamoStore(DynamoExtras):
         self._s3 = s3
         self._blob_refresh_after = blob_refresh_after
         self._marker = itertools.count(1)
+        self._logged: set[str] = set()
         r = self.resources
         self._queues, self._invocations, self._records = r.queues, r.invocations, r.records
         self._logs, self._bucket = r.logs, r.bucket
@@ -361,6 +366,7 @@ class DynamoStore(DynamoExtras):
                     )
                 self._discard(uploads, old)
                 return None
+            self._purge_later(inv_id, out["Attributes"], changes, plan.refs)
             return self._applied(out["Attributes"], changes, plan.refs)
         raise Unavailable(f"update of {inv_id!r} kept conflicting; try again")
 
@@ -445,6 +451,7 @@ class DynamoStore(DynamoExtras):
                     backoff(attempt)
                     continue
                 raise
+            self._purge_later(inv_id, old, changes, plan.refs)
             return self._applied(old, changes, plan.refs)
         raise Unavailable(f"update of {inv_id!r} kept conflicting; try again")
 
@@ -464,6 +471,67 @@ class DynamoStore(DynamoExtras):
         action["UpdateExpression"] = "ADD #r :d"
         action.setdefault("ExpressionAttributeValues", {})[":d"] = num(delta)
         return {"Update": {**action, "ExpressionAttributeNames": names}}
+
+    def _purge_later(
+        self, inv_id: str, old: Item, changes: Mapping[str, Any], refs: Mapping[str, str | None]
+    ) -> None:
+        """After an update that set ``expires_at``: a record that keeps S3 objects it
+        already had (a payload offloaded at submit) or has job output joins the expiry
+        index, so purge deletes them in time. The update itself put it there when it
+        uploaded an object; a record with neither is left to TTL (no index entry)."""
+        if changes.get("expires_at") is None or any(refs.values()) or K.PURGE_PK in old:
+            return
+        kept = [ref for f, ref in K.OFFLOAD_REFS.items() if f not in changes and ref in old]
+        if kept or K.LOGGED in old:
+            self._join_expiry(inv_id, float(changes["expires_at"]))
+
+    def _join_expiry(self, inv_id: str, expires_at: float) -> None:
+        """Put a finished record in the expiry index (a second, small write)."""
+        try:
+            self._ddb.update_item(
+                TableName=self._invocations,
+                Key={"id": {"S": inv_id}},
+                UpdateExpression="SET #pk = :strip",
+                ConditionExpression="#e = :e",
+                ExpressionAttributeNames={"#pk": K.PURGE_PK, "#e": "expires_at"},
+                ExpressionAttributeValues={
+                    ":strip": {"S": K.strip_pk(K.expiry_shard(inv_id))},
+                    ":e": num(expires_at),
+                },
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise  # (failed: retried, or finished again since; that write decides)
+
+    def append_logs(self, inv_id: str, entries: Sequence[LogEntry]) -> None:
+        """Marks the record as having output first (once per handle), so purge deletes
+        the output with its payload and result; then stores the entries."""
+        if entries and inv_id not in self._logged:
+            self._mark_logged(inv_id)
+        super().append_logs(inv_id, entries)
+
+    def _mark_logged(self, inv_id: str) -> None:
+        try:
+            out = self._ddb.update_item(
+                TableName=self._invocations,
+                Key={"id": {"S": inv_id}},
+                UpdateExpression="SET #l = :t",
+                ConditionExpression="attribute_exists(#id) AND attribute_not_exists(#l)",
+                ExpressionAttributeNames={"#l": K.LOGGED, "#id": "id"},
+                ExpressionAttributeValues={":t": {"BOOL": True}},
+                ReturnValues="ALL_NEW",
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+        else:
+            # finished meanwhile, without seeing the mark: join the expiry index here
+            new = out.get("Attributes", {})
+            if "expires_at" in new and K.PURGE_PK not in new:
+                self._join_expiry(inv_id, float(new["expires_at"]["N"]))
+        if len(self._logged) >= _LOGGED_MEMORY:
+            self._logged.clear()
+        self._logged.add(inv_id)
 
     def _applied(
         self, old: Item, changes: Mapping[str, Any], refs: Mapping[str, str | None]
@@ -554,6 +622,15 @@ class DynamoStore(DynamoExtras):
         recs = [r for r in self.get_many(ids) if r.state is State.RUNNING]
         lapsed = [r for r in recs if r.lease_expires_at is not None and r.lease_expires_at < now]
         return sorted(lapsed, key=lambda r: r.lease_expires_at or 0.0)
+
+    def running(self, queue: str) -> int:
+        """The queue's running counter (one small read), which is what ``running_below``
+        compares: invocations claimed under a cap that are still running."""
+        out = self._ddb.get_item(
+            TableName=self._records, Key=K.running_key(queue), ConsistentRead=True
+        )
+        item = out.get("Item") or {}
+        return int(item[K.REC_RUNNING]["N"]) if K.REC_RUNNING in item else 0
 
     def counts(self, queue: str, now: float) -> dict[str, int]:
         # The queue's by-queue entries (~100 bytes each; the cost grows with the queue's

@@ -309,8 +309,9 @@ def new_item(inv: Invocation) -> tuple[Item, dict[str, bytes]]:
     elif inv.state in FINISHED:
         item[K.FINAL] = {"S": inv.state.value}
     if inv.expires_at is not None:
-        item[K.PURGE_PK] = {"S": K.strip_pk(K.expiry_shard(inv.id))}
         item[K.PURGE_AT] = num(int(inv.expires_at + K.TTL_AFTER_EXPIRY))
+        if uploads:  # objects in S3: purge must delete them (TTL deletes the rest)
+            item[K.PURGE_PK] = {"S": K.strip_pk(K.expiry_shard(inv.id))}
     if inv.started_at is not None and inv.timeout is not None:
         item[K.DEADLINE] = _sum(num(inv.started_at), num(inv.timeout))
     return item, uploads
@@ -465,16 +466,17 @@ def plan_changes(x: Expr, inv_id: str, changes: Mapping[str, Any]) -> Plan:
         else:
             p.removes.append(x.n(K.FINAL))
     strip = {"S": K.strip_pk(K.expiry_shard(inv_id))}
-    if "expires_at" in changes:
-        expires = changes["expires_at"]
-        if expires is None:
-            p.removes += [x.n(K.PURGE_PK), x.n(K.PURGE_AT)]
-        else:
-            p.sets.append(f"{x.n(K.PURGE_PK)} = {x.v(strip)}")
-            ttl = num(int(expires + K.TTL_AFTER_EXPIRY))
-            p.sets.append(f"{x.n(K.PURGE_AT)} = {x.v(ttl)}")
-    elif changes.get("payload") is not None or changes.get("result") is not None:
-        # data again: purge must look at this record (no index entry without expires_at)
+    expires = changes.get("expires_at")
+    clearing = "expires_at" in changes and expires is None
+    if clearing:
+        p.removes += [x.n(K.PURGE_PK), x.n(K.PURGE_AT)]
+    elif expires is not None:
+        ttl = num(int(expires + K.TTL_AFTER_EXPIRY))
+        p.sets.append(f"{x.n(K.PURGE_AT)} = {x.v(ttl)}")
+    if p.uploads and not clearing:
+        # an object in S3: purge must delete it (the expiry index finds the record once
+        # it has expires_at); a record without objects is left to TTL. Objects the
+        # record already holds are the store's to check (DynamoStore._purge_later).
         p.sets.append(f"{x.n(K.PURGE_PK)} = {x.v(strip)}")
     _plan_deadline(x, changes, p)
     return p

@@ -56,6 +56,7 @@ __all__ = [
     "LOG_SEQ",
     "LOG_TEXT_REF",
     "LOG_TTL",
+    "LOGGED",
     "OFFLOAD_REFS",
     "PENDING_INCLUDE",
     "PENDING_INDEX",
@@ -207,9 +208,10 @@ DUE_INDEX = "due"
 #: running invocations by lease expiry (hash LEASE_PK, range lease_expires_at, keys
 #: only). Sparse: only running invocations have LEASE_PK.
 LEASES_INDEX = "leases"
-#: finished invocations whose payload and result purge() must still strip, by
-#: expires_at (hash PURGE_PK, range expires_at, keys only). Sparse: PURGE_PK is set when
-#: an invocation finishes and removed when it is stripped (TTL deletes it later).
+#: finished invocations that hold objects in S3 or job output, which purge() must
+#: delete, by expires_at (hash PURGE_PK, range expires_at, keys only). Sparse: PURGE_PK
+#: is set when such an invocation finishes and removed when it is stripped. Every other
+#: record is left to TTL whole: the plane core hides what has expired.
 EXPIRY_INDEX = "expiry"
 #: every invocation of a queue by id (hash queue, range id), with the attributes
 #: counts(), list_invocations() and delete_queue() need (QUEUE_INDEX_ATTRS). It projects
@@ -245,20 +247,25 @@ PENDING_INDEX_ATTRS: tuple[str, ...] | None = None
 PENDING_INCLUDE = ("queue", "state", "attempt", "priority", "timeout", "available_at", READY_AT)
 #: "lease#<shard>" while state is running, absent otherwise (LEASES_INDEX)
 LEASE_PK = "lease_pk"
-#: "strip#<shard>" from finish until purge() strips payload and result (EXPIRY_INDEX);
-#: absent without expires_at and once stripped, except for a record whose error is in
-#: S3: "bury#<shard>" then, so purge() deletes it (and its object) at its tombstone's end
+#: "strip#<shard>" from finish until purge() strips payload and result (EXPIRY_INDEX),
+#: for records with objects in S3 or job output only; absent otherwise, without
+#: expires_at and once stripped, except for a record whose error is in S3:
+#: "bury#<shard>" then, so purge() deletes it (and its object) at its tombstone's end
 PURGE_PK = "purge_pk"
-#: the table's TTL attribute, whole epoch seconds: expires_at + TTL_AFTER_EXPIRY until
-#: purge() strips the record, then expires_at + the plane's tombstone (purge learns it
-#: from its arguments), so TTL deletes the record (free) within a day or two of its
-#: tombstone's end. purge() deletes only what it finds past the tombstone unstripped.
+#: the table's TTL attribute, whole epoch seconds: expires_at + TTL_AFTER_EXPIRY from
+#: finish (TTL deletes the record, free, within a day or two after; the plane core
+#: hides it from its tombstone's end on). A record purge() strips gets expires_at + the
+#: plane's tombstone (purge learns it from its arguments). purge() deletes only what
+#: it finds in the expiry index past the tombstone unstripped.
 PURGE_AT = "purge_at"
 #: started_at + timeout, kept while both are set, so ``deadline_after`` is a condition
 DEADLINE = "deadline"
 #: present while the invocation holds a slot of its queue's running counter (it was
 #: claimed with ``running_below``); leaving running gives the slot back
 COUNTED = "counted"
+#: present once the invocation has job output (logs table): a finished record with
+#: output joins the expiry index, so purge deletes the output with payload and result
+LOGGED = "logged"
 #: revision: +1 on every update, so a read-then-write can be made exact
 REV = "rev"
 #: field → attribute holding the S3 key of that field when it is offloaded
@@ -286,8 +293,9 @@ LEASE_SHARDS = 1
 #: partitions of the expiry index (written on finish and strip); purge queries each
 #: twice, about once a minute per plane
 EXPIRY_SHARDS = 1
-#: TTL backstop after expires_at for a record purge() never stripped: past any tombstone
-#: a plane uses (30 days by default)
+#: TTL after expires_at of a record purge() does not strip (nearly all): past any
+#: tombstone a plane uses (30 days by default), as the record must answer "expired"
+#: until its tombstone ends
 TTL_AFTER_EXPIRY = 35 * 86400
 
 # --- S3 ------------------------------------------------------------------------------

@@ -354,6 +354,14 @@ class SqliteStore:
             ).fetchall()
         return {s: n for s, n in rows}
 
+    def running(self, queue: str) -> int:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT count(*) FROM invocations WHERE queue = ? AND state = 'running'",
+                (queue,),
+            ).fetchone()
+        return int(row[0])
+
     def purge(self, now: float, tombstone_until: float) -> int:
         with self._tx() as db:
             db.execute(
