@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cost.py [--jobs 100] [--sizes 100,1024,10240,1048576]
                                         [--batches 1,10,100] [--idle-seconds 20]
-                                        [--idle-waits 2,0] [--slim-pending]
+                                        [--idle-waits 2,0]
 
 Runs submit → claim → complete → result through the real stack in one process: the
 SDK's HTTP transport (``HttpTransport``) → the Lambda handler's router (``make_app``)
@@ -593,34 +593,6 @@ T0 = 1_900_000_000.0
 STEP = 0.01
 
 
-#: measure with the pending index projecting only what a claim reads (a what-if: the
-#: template projects ALL; keys.PENDING_INCLUDE, docs/cost.md)
-SLIM_PENDING = False
-
-
-def _slim_pending_index(ddb: Any, resources: Any) -> None:
-    """Rebuild the invocations table with the pending index projecting PENDING_INCLUDE."""
-    import copy
-
-    from dreamlake.lakeshore.infra.tables import load_template, table_calls
-    from dreamlake.lakeshore.stores import dynamo
-    from dreamlake.lakeshore.stores import keys as K
-
-    template = copy.deepcopy(load_template())
-    props = template["Resources"]["InvocationsTable"]["Properties"]
-    for gsi in props["GlobalSecondaryIndexes"]:
-        if gsi["IndexName"] == K.PENDING_INDEX:
-            gsi["Projection"] = {
-                "ProjectionType": "INCLUDE",
-                "NonKeyAttributes": list(K.PENDING_INCLUDE),
-            }
-    ddb.delete_table(TableName=resources.invocations)
-    for operation, kwargs in table_calls(template, "InvocationsTable", resources.invocations):
-        getattr(ddb, operation)(**kwargs)
-    carried = frozenset({"id", K.PENDING_PK, "order_key", *K.PENDING_INCLUDE})
-    dynamo._PENDING_CARRIED = carried
-
-
 @contextmanager
 def aws_stack(*, max_wait: float = 20.0, real_time: bool = False) -> Iterator[Stack]:
     """A fresh moto account with the template's tables and bucket, the plane on the
@@ -637,8 +609,6 @@ def aws_stack(*, max_wait: float = 20.0, real_time: bool = False) -> Iterator[St
     from dreamlake.lakeshore.stores.dynamo import DynamoStore
 
     with moto_stack() as (resources, ddb, s3):
-        if SLIM_PENDING:
-            _slim_pending_index(ddb, resources)
         region = ddb.meta.region_name
         meter = Meter(
             boto3.client("dynamodb", region_name=region), boto3.client("s3", region_name=region)
@@ -942,14 +912,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--idle-waits", default="2,0", help="plane max_wait settings for the held-claim rows"
     )
-    parser.add_argument(
-        "--slim-pending",
-        action="store_true",
-        help="what if the pending index projected only what a claim reads (docs/cost.md)",
-    )
     args = parser.parse_args(argv)
-    global SLIM_PENDING
-    SLIM_PENDING = args.slim_pending
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "lakeshore-cost")
     runs = [
         lifecycle(int(size), int(batch), args.jobs)

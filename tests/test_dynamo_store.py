@@ -8,8 +8,6 @@ Everything runs against moto in-process (tables built from template.yaml).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -27,9 +25,8 @@ from dreamlake.lakeshore.stores import keys as K
 
 pytest.importorskip("moto")
 
-from dreamlake.lakeshore.stores import dynamo
 from dreamlake.lakeshore.stores.dynamo import DynamoStore
-from infra.tables import load_template, moto_stack, table_calls
+from infra.tables import moto_stack
 
 T0 = 1_700_000_000.0
 BIG = 300 * 1024  # well over the inline limit: together three of these exceed 400 KB
@@ -482,31 +479,20 @@ def test_a_record_with_its_error_in_s3_is_deleted_with_it_at_the_tombstones_end(
 
 
 # =======================================================================================
-# A pending index that projects only what a claim reads (docs/cost.md proposes it)
+# The pending index projects only what a claim reads (keys.PENDING_INCLUDE)
 # =======================================================================================
 
 
 @pytest.fixture
-def slim_store(
-    aws: tuple[K.Resources, Any, Any], monkeypatch: pytest.MonkeyPatch
-) -> Iterator[DynamoStore]:
-    """A store whose invocations table has the pending index project PENDING_INCLUDE."""
-    resources, ddb, s3 = aws
-    template = copy.deepcopy(load_template())
-    for gsi in template["Resources"]["InvocationsTable"]["Properties"]["GlobalSecondaryIndexes"]:
-        if gsi["IndexName"] == K.PENDING_INDEX:
-            gsi["Projection"] = {
-                "ProjectionType": "INCLUDE",
-                "NonKeyAttributes": list(K.PENDING_INCLUDE),
-            }
-    name = "lakeshore-invocations-slim"
-    for operation, kwargs in table_calls(template, "InvocationsTable", name):
-        getattr(ddb, operation)(**kwargs)
-    carried = frozenset({"id", K.PENDING_PK, "order_key", *K.PENDING_INCLUDE})
-    monkeypatch.setattr(dynamo, "_PENDING_CARRIED", carried)
-    store = DynamoStore(dataclasses.replace(resources, invocations=name), dynamodb=ddb, s3=s3)
-    yield store
-    store.close()
+def slim_store(store: DynamoStore, aws: tuple[K.Resources, Any, Any]) -> DynamoStore:
+    """The store, its template-built pending index projecting PENDING_INCLUDE."""
+    resources, ddb, _ = aws
+    described = ddb.describe_table(TableName=resources.invocations)["Table"]
+    (pending,) = [
+        i for i in described["GlobalSecondaryIndexes"] if i["IndexName"] == K.PENDING_INDEX
+    ]
+    assert set(pending["Projection"]["NonKeyAttributes"]) == set(K.PENDING_INCLUDE)
+    return store
 
 
 def test_candidates_from_a_slim_pending_index_read_the_rest_only_when_used(

@@ -86,9 +86,12 @@ def test_the_invocations_table_has_exactly_the_indexes_keys_names(
         K.EXPIRY_INDEX: (K.PURGE_PK, "expires_at"),
         K.QUEUE_INDEX: ("queue", "id"),
     }
-    # the pending index carries whole records (a claim reads candidates in one Query);
-    # the by-queue index exactly the attributes counts and deletion read
-    assert indexes[K.PENDING_INDEX]["Projection"]["ProjectionType"] == "ALL"
+    # the pending index carries what a claim reads of a candidate (one Query; the rest
+    # is read when used); the by-queue index exactly the attributes counts and deletion read
+    pending = indexes[K.PENDING_INDEX]["Projection"]
+    assert pending["ProjectionType"] == "INCLUDE"
+    assert K.PENDING_INDEX_ATTRS == K.PENDING_INCLUDE
+    assert set(pending["NonKeyAttributes"]) == set(K.PENDING_INCLUDE)
     by_queue = indexes[K.QUEUE_INDEX]["Projection"]
     assert by_queue["ProjectionType"] == "INCLUDE"
     assert set(by_queue["NonKeyAttributes"]) == set(K.QUEUE_INDEX_ATTRS)

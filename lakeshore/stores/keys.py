@@ -196,8 +196,9 @@ LOG_INLINE_MAX = 64 * 1024
 LOG_TTL = 400 * 86400
 
 # --- invocations table: indexes ------------------------------------------------------
-#: pending work in claim order. Hash PENDING_PK, range order_key; projection ALL, so a
-#: claim reads candidates in one Query. Sparse: only pending invocations have PENDING_PK.
+#: pending work in claim order. Hash PENDING_PK, range order_key; projection
+#: PENDING_INDEX_ATTRS, so a claim reads candidates in one Query. Sparse: only pending
+#: invocations have PENDING_PK.
 PENDING_INDEX = "pending"
 #: pending invocations that were scheduled for later (a delay, a retry's backoff) by
 #: available_at (hash PENDING_PK, range available_at, keys only): next_available_at()
@@ -236,15 +237,14 @@ READY_AT = "ready_at"
 #: = state once the invocation is finished (succeeded, failed, cancelled, dead), absent
 #: before (QUEUE_INDEX projects it): counts() tells finished states apart by it
 FINAL = "final"
-#: attributes the pending index projects besides its keys; None: all of them (ALL, as
-#: template.yaml has it). A claim needs only PENDING_INCLUDE of a candidate (its update
-#: returns the whole item), and the store reads any other field of a candidate the first
-#: time it is used, so the index may project just those: entries of ~150 bytes instead
-#: of whole items, one write unit less at submit and at claim for items over 1 KB
-#: (docs/cost.md proposes it; template.yaml and tests/test_template.py change with it).
-PENDING_INDEX_ATTRS: tuple[str, ...] | None = None
 #: what a claim reads of a candidate (none of it changes while the invocation is pending)
 PENDING_INCLUDE = ("queue", "state", "attempt", "priority", "timeout", "available_at", READY_AT)
+#: attributes the pending index projects besides its keys (None would be all of them,
+#: a projection of ALL). A claim needs only PENDING_INCLUDE of a candidate (its update
+#: returns the whole item), and the store reads any other field of a candidate the first
+#: time it is used: entries of ~150 bytes instead of whole items, one write unit less at
+#: submit and at claim for items over 1 KB (template.yaml projects the same).
+PENDING_INDEX_ATTRS: tuple[str, ...] | None = PENDING_INCLUDE
 #: "lease#<shard>" while state is running, absent otherwise (LEASES_INDEX)
 LEASE_PK = "lease_pk"
 #: "strip#<shard>" from finish until purge() strips payload and result (EXPIRY_INDEX),
