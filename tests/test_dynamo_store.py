@@ -25,6 +25,7 @@ from dreamlake.lakeshore.stores import keys as K
 
 pytest.importorskip("moto")
 
+from dreamlake.lakeshore.stores import dynamo
 from dreamlake.lakeshore.stores.dynamo import DynamoStore
 from infra.tables import moto_stack
 
@@ -844,3 +845,60 @@ def test_an_update_whose_answer_was_lost_is_not_refused_by_its_own_retry(
     with first_answer_lost(ddb, "UpdateItem"):
         assert store.update_if("a", {"state": State.RUNNING}, {"lease_token": "theirs"})
         assert store.update_if("a", {"state": State.PENDING}, {"lease_token": "late"}) is None
+
+
+# =======================================================================================
+# Inside Lambda: a request that keeps failing ends before the function's 29 s
+# =======================================================================================
+
+
+def test_the_lambda_client_config_gives_up_well_inside_the_api_timeout() -> None:
+    from botocore.config import Config
+
+    lam = dynamo.lambda_client_config()
+    # every attempt timing out, with the longest backoffs between: under 20 s
+    assert dynamo.worst_case_seconds(lam) < 20.0
+    # where the long-running default could take minutes (botocore reads for 60 s)
+    default = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5)
+    assert dynamo.worst_case_seconds(default) > 29.0
+
+
+def test_make_clients_takes_a_config(aws: tuple[K.Resources, Any, Any]) -> None:
+    resources, ddb, _ = aws
+    made = dynamo.make_clients(ddb.meta.region_name, config=dynamo.lambda_client_config())
+    for client in made:
+        assert client.meta.config.read_timeout == dynamo.LAMBDA_READ_TIMEOUT
+        assert client.meta.config.connect_timeout == dynamo.LAMBDA_CONNECT_TIMEOUT
+        assert client.meta.config.retries["total_max_attempts"] == dynamo.LAMBDA_ATTEMPTS
+    s3 = made[1]
+    assert s3.meta.config.signature_version == "s3v4"  # still signs as the store needs
+    # and they work
+    assert made[0].describe_table(TableName=resources.invocations)["Table"]
+    for client in made:
+        client.close()
+
+
+def test_a_batch_left_unprocessed_round_after_round_is_unavailable(
+    aws: tuple[K.Resources, Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dreamlake.lakeshore.errors import Unavailable
+    from dreamlake.lakeshore.stores import dynamo_extras
+
+    resources, _, s3 = aws
+    rounds: list[int] = []
+
+    class Throttled:
+        """A DynamoDB client that leaves every key of a batch unprocessed."""
+
+        def batch_get_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
+            rounds.append(1)
+            return {"Responses": {}, "UnprocessedKeys": RequestItems}
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(dynamo_extras, "backoff", lambda attempt: None)
+    store = DynamoStore(resources, dynamodb=Throttled(), s3=s3)
+    with pytest.raises(Unavailable):
+        store.get_many(["a", "b"])
+    assert len(rounds) == dynamo_extras._UNPROCESSED_ROUNDS

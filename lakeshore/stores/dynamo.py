@@ -68,7 +68,15 @@ from .dynamo_items import (
     unpack,
 )
 
-__all__ = ["DynamoStore", "make_clients"]
+__all__ = [
+    "LAMBDA_ATTEMPTS",
+    "LAMBDA_CONNECT_TIMEOUT",
+    "LAMBDA_READ_TIMEOUT",
+    "DynamoStore",
+    "lambda_client_config",
+    "make_clients",
+    "worst_case_seconds",
+]
 
 _FIELD_SET = frozenset(FIELDS)
 #: what a pending index entry carries (None: whole items, a projection of ALL)
@@ -83,14 +91,60 @@ _TRIES = 25
 _LOGGED_MEMORY = 10_000
 
 
-def make_clients(
-    region_name: str | None = None, endpoint_url: str | None = None, session: Any = None
-) -> tuple[Any, Any]:
-    """A DynamoDB and an S3 client as the store wants them (S3 signs with SigV4)."""
-    import boto3  # type: ignore[import-untyped]
+#: inside a Lambda function behind API Gateway (29 s to answer): attempts per request
+#: (the first included), and seconds to connect and to wait for an answer. A request
+#: that keeps failing gives up after worst_case_seconds() (under 20 s), leaving the
+#: function time to answer 503 instead of being cut off. DynamoDB answers in
+#: milliseconds; S3 PUTs through the API are at most a few MB.
+LAMBDA_ATTEMPTS = 3
+LAMBDA_CONNECT_TIMEOUT = 1.0
+LAMBDA_READ_TIMEOUT = 4.0
+#: botocore's standard mode sleeps rand(0, 1) * min(2 ** (n - 1), 20) s before retry n
+_MAX_BACKOFF = 20.0
+
+
+def lambda_client_config() -> Any:
+    """The botocore ``Config`` for the store's clients inside a Lambda function (pass
+    it to :func:`make_clients`): few attempts and short timeouts, so a request that
+    keeps failing ends well inside the function's timeout."""
     from botocore.config import Config  # type: ignore[import-untyped]
 
-    base = Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5)
+    return Config(
+        retries={"mode": "standard", "total_max_attempts": LAMBDA_ATTEMPTS},
+        connect_timeout=LAMBDA_CONNECT_TIMEOUT,
+        read_timeout=LAMBDA_READ_TIMEOUT,
+    )
+
+
+def worst_case_seconds(config: Any) -> float:
+    """The longest one request can take under ``config`` before botocore gives up:
+    every attempt times out connecting and reading, with the longest backoff between."""
+    retries = config.retries or {}
+    if "total_max_attempts" in retries:
+        attempts = int(retries["total_max_attempts"])
+    else:
+        attempts = int(retries.get("max_attempts", 4)) + 1
+    per_attempt = float(config.connect_timeout) + float(config.read_timeout)
+    backoff = sum(min(2.0 ** (n - 1), _MAX_BACKOFF) for n in range(1, attempts))
+    return attempts * per_attempt + backoff
+
+
+def make_clients(
+    region_name: str | None = None,
+    endpoint_url: str | None = None,
+    session: Any = None,
+    *,
+    config: Any = None,
+) -> tuple[Any, Any]:
+    """A DynamoDB and an S3 client as the store wants them (S3 signs with SigV4).
+
+    ``config``: a botocore ``Config`` for both (timeouts, retries), e.g.
+    :func:`lambda_client_config` inside a Lambda function; by default standard
+    retries (6 attempts) and botocore's timeouts, for long-running processes."""
+    import boto3  # type: ignore[import-untyped]
+    from botocore.config import Config
+
+    base = config or Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=5)
     # path-style addressing when the endpoint is a local one (moto server)
     style = "path" if endpoint_url else "virtual"
     s3_config = base.merge(Config(signature_version="s3v4", s3={"addressing_style": style}))

@@ -17,6 +17,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 
+from ..errors import Unavailable
 from ..plane.model import DaemonRecord, LogEntry, TokenRecord
 from . import keys as K
 from .dynamo_items import Item, num, pack, unpack
@@ -27,6 +28,9 @@ __all__ = ["DynamoExtras", "backoff", "error_code"]
 _MAX_URL_TTL = 7 * 86400
 #: concurrent requests for one batch of independent writes or reads
 _FAN_OUT = 16
+#: rounds of a batch request whose items the service keeps leaving unprocessed
+#: (throttling) before the store gives up (Unavailable): a few seconds at most
+_UNPROCESSED_ROUNDS = 12
 
 
 def error_code(exc: Exception) -> str:
@@ -36,6 +40,15 @@ def error_code(exc: Exception) -> str:
 
 def backoff(attempt: int) -> None:
     time.sleep(random.uniform(0, min(0.2, 0.005 * 2**attempt)))
+
+
+def _next_round(attempt: int) -> int:
+    """Back off before another round of a batch's unprocessed items; give up after
+    ``_UNPROCESSED_ROUNDS`` (the caller's retry, or the API's 503, takes over)."""
+    if attempt + 1 >= _UNPROCESSED_ROUNDS:
+        raise Unavailable("DynamoDB keeps leaving a batch unprocessed (throttled); try again")
+    backoff(attempt)
+    return attempt + 1
 
 
 class DynamoExtras:
@@ -340,8 +353,7 @@ class DynamoExtras:
                 found += out["Responses"].get(table, [])
                 request = out.get("UnprocessedKeys") or {}
                 if request:
-                    backoff(attempt)
-                    attempt += 1
+                    attempt = _next_round(attempt)
         return found
 
     def _delete_items(self, table: str, keys: list[Item]) -> None:
@@ -353,5 +365,4 @@ class DynamoExtras:
                 out = self._ddb.batch_write_item(RequestItems=request)
                 request = out.get("UnprocessedItems") or {}
                 if request:
-                    backoff(attempt)
-                    attempt += 1
+                    attempt = _next_round(attempt)
