@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/cost.py [--jobs 100] [--sizes 100,1024,10240,1048576]
                                         [--batches 1,10,100] [--idle-seconds 20]
-                                        [--idle-waits 2,0]
+                                        [--idle-waits 2,0] [--no-keep-payload]
 
 Runs submit → claim → complete → result through the real stack in one process: the
 SDK's HTTP transport (``HttpTransport``) → the Lambda handler's router (``make_app``)
@@ -593,6 +593,11 @@ T0 = 1_900_000_000.0
 STEP = 0.01
 
 
+#: the plane keeps a succeeded invocation's payload (the default); False measures a
+#: plane built with keep_payload=False (complete drops it: docs/cost.md)
+KEEP_PAYLOAD = True
+
+
 @contextmanager
 def aws_stack(*, max_wait: float = 20.0, real_time: bool = False) -> Iterator[Stack]:
     """A fresh moto account with the template's tables and bucket, the plane on the
@@ -614,7 +619,8 @@ def aws_stack(*, max_wait: float = 20.0, real_time: bool = False) -> Iterator[St
             boto3.client("dynamodb", region_name=region), boto3.client("s3", region_name=region)
         )
         clock = FakeClock(time.time() if real_time else T0)
-        plane = Plane(DynamoStore(resources, dynamodb=ddb, s3=s3), clock=clock)
+        store = DynamoStore(resources, dynamodb=ddb, s3=s3)
+        plane = Plane(store, clock=clock, keep_payload=KEEP_PAYLOAD)
         token = bootstrap_admin(plane)
         assert token is not None
         service = Service(plane, limits=Limits(max_wait=max_wait), server="lakeshore cost")
@@ -912,7 +918,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--idle-waits", default="2,0", help="plane max_wait settings for the held-claim rows"
     )
+    parser.add_argument(
+        "--no-keep-payload",
+        action="store_true",
+        help="a plane built with keep_payload=False: complete drops the payload",
+    )
     args = parser.parse_args(argv)
+    global KEEP_PAYLOAD
+    KEEP_PAYLOAD = not args.no_keep_payload
     os.environ.setdefault("POWERTOOLS_SERVICE_NAME", "lakeshore-cost")
     runs = [
         lifecycle(int(size), int(batch), args.jobs)

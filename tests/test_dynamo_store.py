@@ -902,3 +902,21 @@ def test_a_batch_left_unprocessed_round_after_round_is_unavailable(
     with pytest.raises(Unavailable):
         store.get_many(["a", "b"])
     assert len(rounds) == dynamo_extras._UNPROCESSED_ROUNDS
+
+
+def test_a_plane_that_does_not_keep_payloads_deletes_an_offloaded_one_on_success(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any], clock: FakeClock
+) -> None:
+    # Given a plane that does not keep payloads, and a running job whose payload is in S3
+    plane = Plane(store, clock=clock, keep_payload=False)
+    plane.ensure_queue(QueueSpec("q"))
+    plane.submit([Submission("big", "q", b"p" * BIG)])
+    (claim,) = plane.claim(["q"], "w")
+    assert objects(aws, "inv/big/") != []
+    # When it succeeds with a small result
+    plane.complete("big", claim.lease_token, b"r")
+    # Then its payload object is gone at once, and nothing is left for purge to do
+    assert objects(aws, "inv/") == []
+    item = raw(aws, "big")
+    assert not {"payload", K.OFFLOAD_REFS["payload"], K.PURGE_PK} & set(item)
+    assert plane.get("big").result == b"r"

@@ -766,6 +766,24 @@ def test_a_record_is_gone_a_tombstone_after_it_expired(plane: Plane, clock: Fake
         plane.get("job-1")
 
 
+def test_a_plane_that_does_not_keep_payloads_drops_them_on_success_only(
+    make_plane: Callable[..., Plane],
+) -> None:
+    # Given a plane that does not keep payloads, and a plane that does (the default)
+    lean, keeping = make_plane(keep_payload=False), make_plane()
+    for plane in (lean, keeping):
+        plane.ensure_queue(QueueSpec(QUEUE))
+        finished(plane)
+    # Then a succeeded invocation keeps its payload only on the default plane
+    assert (lean.get("job-1").payload, lean.get("job-1").result) == (None, b"result")
+    assert (keeping.get("job-1").payload, keeping.get("job-1").result) == (b"args", b"result")
+    # And a failed one keeps it everywhere, so it can be run again
+    claim = running(lean, "job-2", payload=b"again")
+    lean.fail("job-2", claim.lease_token, ERROR, retryable=False)
+    assert lean.get("job-2").payload == b"again"
+    assert lean.retry("job-2").payload == b"again"
+
+
 # =======================================================================================
 # Elasticity
 # =======================================================================================

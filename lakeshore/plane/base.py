@@ -26,6 +26,9 @@ class PlaneBase:
     retention: float
     tombstone: float
     sweep_interval: float
+    #: keep a succeeded invocation's payload (False: complete drops it, as nothing runs
+    #: it again; its record is then smaller to write and to keep, but shows no call)
+    keep_payload: bool
     _rng: random.Random
     _inline_limit: int
     _changes: Changes

@@ -68,6 +68,7 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
         sweep_interval: float = 1.0,
         rng: random.Random | None = None,
         inline_limit: int = 256 * 1024,
+        keep_payload: bool = True,
     ) -> None:
         self.store = store
         self.clock: Clock = clock or SystemClock()
@@ -78,6 +79,7 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
         self.sweep_interval = sweep_interval
         self._rng = rng or random.Random()
         self._inline_limit = inline_limit
+        self.keep_payload = keep_payload
         self._changes = Changes(cast(Store, _Shown(self)))
         self._next_sweep = 0.0
         self._next_purge = 0.0

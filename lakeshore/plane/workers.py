@@ -257,17 +257,20 @@ class WorkerOps(PlaneBase):
         """Record the result. Raises :class:`LeaseLost` unless the token is current
         and the invocation's timeout has not passed (then it fails as timed out)."""
         now = self.clock.now()
+        changes: dict[str, Any] = {
+            "state": State.SUCCEEDED,
+            "result": result,
+            "error": None,
+            "finished_at": now,
+            "expires_at": now + self.retention,
+            "lease_expires_at": None,
+        }
+        if not self.keep_payload:  # a succeeded invocation never runs again
+            changes["payload"] = None
         updated = self.store.update_if(
             inv_id,
             {"state": State.RUNNING, "lease_token": lease_token},
-            {
-                "state": State.SUCCEEDED,
-                "result": result,
-                "error": None,
-                "finished_at": now,
-                "expires_at": now + self.retention,
-                "lease_expires_at": None,
-            },
+            changes,
             deadline_after=now,
         )
         if updated is None:
