@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 from . import context, data
+from .batching import Batch, batch
 from .config import configure
 from .dispatch import Dispatch, QueueCreatedWarning
 from .errors import (
@@ -62,6 +63,7 @@ __version__ = "0.4.0"
 
 __all__ = [
     "UDF",
+    "Batch",
     "BoltzmannQueue",
     "FILOQueue",
     "Pool",
@@ -98,6 +100,7 @@ __all__ = [
     "Unavailable",
     "UnknownInvocation",
     "__version__",
+    "batch",
     "configure",
     "progress",
     "run_worker",

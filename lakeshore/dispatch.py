@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import authfile, config
+from . import batching as _batch
 from .clock import Clock
 from .errors import QueueNotFound
 from .plane import Plane, QueueSpec, Submission
@@ -35,6 +36,10 @@ from .stores import SqliteStore
 from .transport import Transport
 
 __all__ = ["Dispatch", "QueueCreatedWarning"]
+
+
+#: invocations per submit call in a batch on an embedded plane (one transaction each)
+_EMBEDDED_BATCH = 500
 
 
 class QueueCreatedWarning(UserWarning):
@@ -172,6 +177,11 @@ class Dispatch:
         with self._lock:
             self._queues.pop(name, None)
 
+    def transport_batch_size(self) -> int:
+        """Invocations one submit request may carry (the plane's ``max_batch``)."""
+        limits = getattr(self.transport, "limits", None)
+        return int(limits().max_batch) if callable(limits) else _EMBEDDED_BATCH
+
     def upload(self, blobs: Mapping[str, bytes]) -> None:
         """Make sure the plane holds these content-addressed blobs (each sent once)."""
         with self._lock:
@@ -186,7 +196,13 @@ class Dispatch:
     def submit(
         self, subs: list[Submission], *, spec: QueueSpec, strict: bool, check: Iterable[str]
     ) -> list[str]:
-        """Submit, creating the queue first if needed (and again if it was removed)."""
+        """Submit, creating the queue first if needed (and again if it was removed).
+
+        Inside ``with dls.batch():`` the submissions are buffered and sent by the batch.
+        """
+        open_batch = _batch.current()
+        if open_batch is not None:
+            return open_batch.add(self, subs, spec=spec, strict=strict, check=check)
         self.ensure_queue(spec, strict=strict, check=check)
         try:
             return self.transport.submit(subs)

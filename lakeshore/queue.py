@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any, ClassVar
 
+from . import batching as _batch
 from . import config, context, logs
 from .dispatch import Dispatch
 from .errors import InvalidRequest
@@ -71,6 +72,13 @@ OWNER = {
     "anneal": "BoltzmannQueue",
 }
 _PACKAGE = __name__.rpartition(".")[0]
+
+
+def _send_open_batch() -> None:
+    """A wait inside ``with dls.batch():`` first sends what the batch holds."""
+    open_batch = _batch.current()
+    if open_batch is not None:
+        open_batch.flush()
 
 
 def _caller_module() -> str:
@@ -276,6 +284,7 @@ class _QueueHandle:
         return stored
 
     def _wait_sync(self, inv_id: str, timeout: float | None) -> Invocation:
+        _send_open_batch()
         box: list[Invocation] = []
         done = threading.Event()
 
@@ -294,6 +303,8 @@ class _QueueHandle:
         return box[0]
 
     async def _wait_async(self, inv_id: str, timeout: float | None) -> Invocation:
+        if _batch.current() is not None:
+            await asyncio.to_thread(_send_open_batch)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Invocation] = loop.create_future()
 

@@ -156,6 +156,7 @@ def q(dispatch: dls.Dispatch) -> dls.SyncQueue:
 def test_exported_members() -> None:
     # Given the package's declared public names
     expected = {
+        "Batch",
         "BoltzmannQueue",
         "CancelledError",
         "ClientError",
@@ -191,6 +192,7 @@ def test_exported_members() -> None:
         "Unavailable",
         "UnknownInvocation",
         "__version__",
+        "batch",
         "configure",
         "progress",
         "context",

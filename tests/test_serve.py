@@ -360,7 +360,7 @@ def test_concurrent_requests_each_see_their_own_request(tmp_path: Path) -> None:
         assert not wrong, wrong[:3]
 
 
-def test_a_request_beyond_the_threads_is_503_at_once(tmp_path: Path) -> None:
+def test_a_waiting_request_beyond_the_threads_is_503_at_once(tmp_path: Path) -> None:
     with LocalServer(tmp_path / "plane.db", threads=2) as server:
         assert server.admin_token is not None
         worker = make_token(server.url, server.admin_token, "worker")
@@ -381,9 +381,15 @@ def test_a_request_beyond_the_threads_is_503_at_once(tmp_path: Path) -> None:
             time.sleep(0.01)
         conn = connect(server.url)
         began = time.monotonic()
-        status, headers, body = request(conn, "GET", "/v1/hello", token=server.admin_token)
+        wait = {"ids": ["nothing"], "timeout": 1.0}
+        status, headers, body = request(
+            conn, "POST", "/v1/invocations/wait", wait, token=server.admin_token
+        )
         assert status == 503 and body["error"]["code"] == "unavailable"
         assert headers["retry-after"] == "1" and time.monotonic() - began < 1
+        # A short request is answered on the event loop, threads or not.
+        status, _, body = request(conn, "GET", "/v1/hello", token=server.admin_token)
+        assert status == 200 and time.monotonic() - began < 1
         conn.close()
         for t in pollers:
             t.join(10)
