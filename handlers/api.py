@@ -224,7 +224,11 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
     @app.not_found
     def not_found(_: Exception) -> Response[Any]:
         path = app.current_event.raw_event.get("rawPath", "")
-        if any(rx.match(path) for _, rx in templates):
+        method = app.current_event.http_method
+        # a path the method has a route for, with a parameter the router would not take
+        # (a dashboard file name with odd characters): no such resource, not a bad method
+        known = [m for m, rx in templates if rx.match(path)]
+        if known and method not in known:
             return _error_response(
                 MethodNotAllowed(f"{app.current_event.http_method} is not allowed on {path}"),
                 media(),
