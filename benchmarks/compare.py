@@ -409,7 +409,7 @@ def run_lakeshore(system: str, workloads: list[str], sz: Sizes, cap: float) -> d
                     ):
                         res[w] = ls_fan_out(dp, sz.d, cap, stack.trees, warm=2)
                 elif w == "E":
-                    res[w] = ls_e(stack, sz.e, cap)
+                    res[w] = ls_e(stack, sz.e, 300)
             except WrongResult as e:
                 res[w] = {"error": f"WRONG RESULT: {e}"}
             except Exception as e:  # a broken run is reported, and the run goes on
@@ -592,6 +592,13 @@ def fmt(v: float, key: str) -> str:
     return f"{v:.2f}" if v < 100 else f"{v:,.0f}"
 
 
+def capped(runs: list[dict[str, Any]], system: str, workload: str) -> str:
+    """ "> cap s (n sent)": how far a run that gave up had got."""
+    hits = [m for r in runs if "capped" in (m := r["results"].get(system, {}).get(workload, {}))]
+    sent = median([float(m["submitted"]) for m in hits])
+    return f"> {hits[0]['capped']:g} s ({sent:,.0f} sent)"
+
+
 def table(runs: list[dict[str, Any]], systems: list[str], cap: float) -> str:
     peers = [s for s in systems if s in PEER_SYSTEMS]
     ratio = "ls-serve" in systems and peers
@@ -608,7 +615,7 @@ def table(runs: list[dict[str, Any]], systems: list[str], cap: float) -> str:
             errors = [r["results"].get(s, {}).get(w, {}).get("error") for r in runs]
             if vals:
                 meds[s] = median(vals)
-                cells.append(fmt(meds[s], key) if not math.isinf(meds[s]) else f"> {cap:g} s")
+                cells.append(fmt(meds[s], key) if not math.isinf(meds[s]) else capped(runs, s, w))
             elif any(errors):
                 meds[s] = None
                 cells.append("ERROR")
@@ -645,7 +652,12 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
     p.add_argument("--d-cap", type=float, default=60.0, help="seconds before D gives up")
     p.add_argument("--out", type=Path, default=None, help="the JSON file of raw runs")
+    p.add_argument("--table", type=Path, default=None, help="print the table of a saved run")
     a = p.parse_args()
+    if a.table is not None:
+        saved = json.loads(a.table.read_text())
+        print(table(saved["runs"], list(saved["meta"]["systems"]), saved["meta"]["d_cap_s"]))
+        return 0
     only = [w.strip().upper() for w in a.only.split(",") if w.strip()]
     systems = [s.strip() for s in a.systems.split(",") if s.strip()]
     for w in only:
@@ -675,6 +687,8 @@ def main() -> int:
         peers_python()
         meta["redis"] = redis_version(redis_server())
         meta["peers"] = [line for line in REQUIREMENTS.read_text().splitlines() if "==" in line]
+    out = a.out or HERE / "results" / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     runs: list[dict[str, Any]] = []
     capped: set[str] = set()  # D that ran past the cap once is not tried again
     for r in range(a.runs):
@@ -700,11 +714,9 @@ def main() -> int:
             for w, m in res.items():
                 if "error" in m:
                     print(f"  {s} {w}: {m['error']}", file=sys.stderr, flush=True)
+            # written as it goes: a run that breaks off keeps what it measured
+            out.write_text(json.dumps({"meta": meta, "runs": [*runs, run]}, indent=1))
         runs.append(run)
-
-    out = a.out or HERE / "results" / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
     print()
     dirty = " + uncommitted edits" if meta["uncommitted"] else ""
     print(f"medians of {a.runs} run(s); {os.cpu_count()} CPUs; commit {meta['commit']}{dirty}")

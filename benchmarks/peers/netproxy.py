@@ -113,11 +113,12 @@ class Proxy:
             cwriter.close()
             return
         state = {"answered": True}
-        await asyncio.gather(
-            self._pipe(creader, swriter, state, from_client=True),
-            self._pipe(sreader, cwriter, state, from_client=False),
-            return_exceptions=True,
-        )
+        with contextlib.suppress(asyncio.CancelledError):  # stopping: close quietly
+            await asyncio.gather(
+                self._pipe(creader, swriter, state, from_client=True),
+                self._pipe(sreader, cwriter, state, from_client=False),
+                return_exceptions=True,
+            )
         for w in (cwriter, swriter):
             with contextlib.suppress(Exception):
                 w.close()
