@@ -1,4 +1,4 @@
-"""Standard-library helpers shared by ``compare.py`` and the peers' producer.
+"""Standard-library tools shared by ``compare.py`` and the peers' producer.
 
 Both the project's venv and the peers' venv import this module (by path), so it uses
 nothing outside the standard library.
