@@ -285,6 +285,14 @@ class _QueueHandle:
 
     def _wait_sync(self, inv_id: str, timeout: float | None) -> Invocation:
         _send_open_batch()
+        here = getattr(self.dispatch.transport, "wait_here", None)
+        if here is not None:  # a remote plane: long-poll from this thread
+            rec: Invocation | None = here(inv_id, timeout)
+            if rec is None:
+                raise TimeoutError(
+                    f"invocation {inv_id!r} did not finish within {timeout}s (it keeps going)"
+                )
+            return rec
         box: list[Invocation] = []
         done = threading.Event()
 

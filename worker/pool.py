@@ -2,12 +2,19 @@
 
 ::
 
+    fetcher thread: claims up to the free slots + a prefetch buffer (long-polls)
     main loop (one thread)                        child process per slot (reused)
-    ─ claim up to the free slots ──run──────────▶ load payload, call it, capture
+    ─ start buffered claims on free slots ──run─▶ load payload, call it, capture
     ─ read child messages ◀──out/progress/done─── stdout/stderr and progress
-    ─ complete / fail, flush output
     ─ kill a slot past its timeout or cancelled    (exec jobs: their own process group)
-    heartbeat thread: extends every lease, learns of cancels
+    reporter thread: completes / fails what finished, all of it in one batch a round
+    heartbeat thread: extends every lease (buffered ones too), learns of cancels
+
+The prefetch buffer holds claims beyond the free slots only while jobs are short: it
+covers about :data:`_PREFETCH_SECONDS` of work at the recent job time (at most
+``prefetch`` claims), and is empty when jobs take longer than that — a long job never
+waits on a busy worker while another is idle. Buffered claims are heartbeated like
+running ones, dropped when cancelled and handed back when the worker stops.
 
 A job that crashes (segfault, ``os._exit``) or leaks memory takes down its child only:
 the slot is respawned and the invocation failed (or retried by policy). Signals only
@@ -26,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,6 +55,10 @@ log = logging.getLogger("dreamlake.lakeshore.worker")
 _LOG_FLUSH = 0.25
 #: bytes of output one log chunk carries at most
 _CHUNK = 16 * 1024
+#: seconds of work at the recent job time the prefetch buffer covers
+_PREFETCH_SECONDS = 0.1
+#: weight of the newest job in the running average of job time
+_EMA = 0.2
 
 
 @dataclass
@@ -68,6 +80,8 @@ class _Slot:
     out: list[tuple[int, str, str]] = field(default_factory=list)
     out_n: int = 0
     cancel_requested: bool = False
+    #: when the running job was handed to the child (monotonic)
+    started: float = 0.0
 
 
 class ProcessWorker:
@@ -86,9 +100,12 @@ class ProcessWorker:
         max_jobs_per_child: int | None = None,
         max_child_rss_mb: float | None = None,
         on_claimed: Callable[[Claim], None] | None = None,
+        prefetch: int = 64,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch < 0:
+            raise ValueError("prefetch must be at least 0")
         self.dispatch = dispatch
         self.transport = dispatch.transport
         self.queues = list(queues)
@@ -108,7 +125,17 @@ class ProcessWorker:
         self._beat_stop = threading.Event()
         self._blob_cache: dict[str, bytes] = {}
         self._next_flush = 0.0
+        #: at most this many claims wait in the buffer (fewer for longer jobs)
+        self.prefetch = prefetch
+        #: running average of job seconds (None until a job finished)
+        self.job_seconds: float | None = None
+        #: claims leased and waiting for a free slot, oldest first
+        self._ready: deque[Claim] = deque()
+        #: outcomes waiting for the reporter
         self._done: list[tuple[Claim, Outcome]] = []
+        self._reporting = False
+        self._cv = threading.Condition()
+        self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
         self.completed = 0
 
     # ------------------------------------------------------------------ control
@@ -126,6 +153,14 @@ class ProcessWorker:
     def running(self) -> int:
         """Jobs in flight now."""
         return sum(1 for s in self._slots if s.claim is not None)
+
+    def _buffer_target(self) -> int:
+        """Claims the buffer may hold now: ~``_PREFETCH_SECONDS`` of recent work."""
+        seconds = self.job_seconds
+        if seconds is None or seconds >= _PREFETCH_SECONDS:
+            return 0
+        per_slot = int(_PREFETCH_SECONDS / max(seconds, 1e-4))
+        return min(self.prefetch, per_slot * self.concurrency)
 
     def _resize(self) -> None:
         while len(self._slots) < self.concurrency:
@@ -168,62 +203,129 @@ class ProcessWorker:
         restore = self._install_signals()
         for slot in self._slots:
             self._spawn(slot)
-        beat = threading.Thread(target=self._heartbeats, name="lakeshore-heartbeat", daemon=True)
-        beat.start()
-        backoff = 0.0
-        next_claim = 0.0
+        threads = [
+            threading.Thread(target=self._heartbeats, name="lakeshore-heartbeat", daemon=True),
+            threading.Thread(target=self._fetch_loop, name="lakeshore-fetch", daemon=True),
+            threading.Thread(target=self._report_loop, name="lakeshore-report", daemon=True),
+        ]
+        for t in threads:
+            t.start()
         try:
             while True:
                 if self._cold.is_set():
                     self._stop_cold()
                     break
-                busy = [s for s in self._slots if s.claim is not None]
-                if self._stopping.is_set() and not busy:
-                    break
+                if self._stopping.is_set():
+                    self._hand_back_buffer()
+                    if not any(s.claim is not None for s in self._slots):
+                        break
                 self._resize()
-                free = [s for s in self._slots if s.claim is None]
-                ready = time.monotonic() >= next_claim and bool(self.queues)
-                attempted = bool(free) and not self._stopping.is_set() and ready
-                if attempted:
-                    wait = 0.0 if busy else min(backoff, self.max_idle_wait)
-                    try:
-                        claims = self.transport.claim(
-                            self.queues,
-                            self.worker_id,
-                            limit=len(free),
-                            wait=wait,
-                            lease_seconds=self.lease_seconds,
-                            should_stop=self._stopping.is_set,
-                        )
-                    except (Unavailable, Throttled):
-                        # the plane is away (the transport already retried): keep
-                        # running what we have and ask again later
-                        claims = []
-                        log.warning("lakeshore worker: the plane is unavailable; retrying")
-                    for slot, claim in zip(free, claims, strict=False):
-                        self._start(slot, claim)
-                    if claims:
-                        backoff, next_claim = 0.0, 0.0
-                    else:
-                        backoff = min(max(0.05, backoff * 2), self.max_idle_wait)
-                        # while jobs run, poll for more at the backoff pace
-                        next_claim = time.monotonic() + (backoff if busy else 0.0)
-                busy = [s for s in self._slots if s.claim is not None]
-                # a claim that found nothing already waited; otherwise wait on the children
-                self._pump(0.05 if busy or not attempted else 0.0)
-                self._report()
+                self._start_ready()
+                self._pump(0.05)
                 self._enforce()
                 if time.monotonic() >= self._next_flush:
                     self._next_flush = time.monotonic() + _LOG_FLUSH
                     self._flush_output()
         finally:
-            self._report()
+            self._stopping.set()
+            with self._cv:
+                self._cv.notify_all()
+            threads[1].join(timeout=5)  # a claim in flight ends within 2 s of a stop
+            self._hand_back_buffer()
+            with self._cv:
+                self._cv.wait_for(lambda: not self._done and not self._reporting, timeout=30)
             self._beat_stop.set()
-            beat.join(timeout=5)
+            with self._cv:
+                self._cv.notify_all()
+            for t in threads:
+                t.join(timeout=5)
             for slot in self._slots:
                 self._retire(slot)
+            self._wake_r.close()
+            self._wake_w.close()
             restore()
         return self.completed
+
+    # ------------------------------------------------------------------ claims
+    def _fetch_loop(self) -> None:
+        """Keep the free slots and the buffer supplied with claims (long-polls)."""
+        while not self._stopping.is_set():
+            with self._cv:
+                room = self.concurrency + self._buffer_target() - self.running - len(self._ready)
+                if room <= 0 or not self.queues:
+                    self._cv.wait(0.5)
+                    continue
+            try:
+                claims = self.transport.claim(
+                    self.queues,
+                    self.worker_id,
+                    limit=min(room, 500),
+                    wait=self.max_idle_wait,
+                    lease_seconds=self.lease_seconds,
+                    should_stop=self._stopping.is_set,
+                )
+            except (Unavailable, Throttled):
+                # the plane is away (the transport already retried): ask again later
+                log.warning("lakeshore worker: the plane is unavailable; retrying")
+                self._beat_stop.wait(1.0)
+                continue
+            except LakeshoreError:
+                log.exception("lakeshore worker: claim failed; retrying")
+                self._beat_stop.wait(1.0)
+                continue
+            if claims:
+                with self._cv:
+                    self._ready.extend(claims)
+                self._wake()
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._wake_w.send_bytes(b"")
+
+    def _start_ready(self) -> None:
+        """Start buffered claims on the free slots, oldest first."""
+        for slot in self._slots:
+            if slot.claim is not None or slot.proc is None or self._stopping.is_set():
+                continue
+            with self._cv:
+                if not self._ready:
+                    return
+                claim = self._ready.popleft()
+                self._cv.notify_all()  # room for the fetcher
+            self._start(slot, claim)
+
+    def _hand_back_buffer(self) -> None:
+        """Release the claims no slot has started (another worker may take them)."""
+        with self._cv:
+            waiting, self._ready = list(self._ready), deque()
+        for claim in waiting:
+            with contextlib.suppress(LakeshoreError):
+                self.transport.release(claim.id, claim.lease_token)
+
+    # ------------------------------------------------------------------ reports
+    def _report_loop(self) -> None:
+        """Report what finished: every outcome waiting, in one batch per round."""
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: bool(self._done) or self._beat_stop.is_set())
+                if not self._done:
+                    return
+                done, self._done = self._done, []
+                self._reporting = True
+            try:
+                report_many(self.dispatch, done)
+            except Exception:
+                log.exception("lakeshore worker: reporting %d outcomes failed", len(done))
+            finally:
+                with self._cv:
+                    self._reporting = False
+                    self._cv.notify_all()
+
+    def _record(self, claim: Claim, outcome: Outcome) -> None:
+        with self._cv:
+            self._done.append((claim, outcome))
+            self.completed += 1
+            self._cv.notify_all()
 
     # ------------------------------------------------------------------ slots
     def _spawn(self, slot: _Slot) -> None:
@@ -274,8 +376,7 @@ class ProcessWorker:
                 "traceback": "",
                 "pickled": None,
             }
-            self._done.append((claim, Outcome(ok=False, error=error, retryable=False)))
-            self.completed += 1
+            self._record(claim, Outcome(ok=False, error=error, retryable=False))
             return
         logs.event(
             log, "job.started", claim.id, queue=claim.queue, worker=self.worker_id,
@@ -283,6 +384,7 @@ class ProcessWorker:
         )  # fmt: skip
         with self._lock:
             slot.claim = claim
+            slot.started = time.monotonic()
             slot.deadline = time.monotonic() + claim.timeout if claim.timeout else None
             slot.out, slot.out_n, slot.cancel_requested = [], 0, False
         slot.conn.send(("run", claim, blobs))
@@ -306,7 +408,13 @@ class ProcessWorker:
         for slot in self._slots:
             if slot.proc is not None:
                 owners[slot.conn] = owners[slot.proc.sentinel] = (slot, slot.proc)
-        for ready in multiprocessing.connection.wait(list(owners), timeout):
+        waiting: list[Any] = [*owners, self._wake_r]
+        for ready in multiprocessing.connection.wait(waiting, timeout):
+            if ready is self._wake_r:
+                with contextlib.suppress(EOFError, OSError):
+                    while self._wake_r.poll():
+                        self._wake_r.recv_bytes()
+                continue
             slot, proc = owners[ready]
             if slot.proc is not proc:
                 continue  # this child was already handled (its pipe and sentinel both fired)
@@ -348,19 +456,17 @@ class ProcessWorker:
         """Free the slot now; the outcome is reported with the others of this round."""
         claim = slot.claim
         assert claim is not None
+        took = time.monotonic() - slot.started
         with self._lock:
             slot.claim, slot.deadline, slot.pgid = None, None, None
+        self.job_seconds = (
+            took if self.job_seconds is None else (1 - _EMA) * self.job_seconds + _EMA * took
+        )
         logs.event(
             log, "job.finished", claim.id, queue=claim.queue, worker=self.worker_id,
             ok=outcome.ok, error_type=(outcome.error or {}).get("type"),
         )  # fmt: skip
-        self._done.append((claim, outcome))
-        self.completed += 1
-
-    def _report(self) -> None:
-        if self._done:
-            done, self._done = self._done, []
-            report_many(self.dispatch, done)
+        self._record(claim, outcome)
 
     def _died(self, slot: _Slot) -> None:
         """The child is gone: report its job as the reason says, then respawn it."""
@@ -445,19 +551,27 @@ class ProcessWorker:
         interval = max(0.2, self.lease_seconds / 3)
         while not self._beat_stop.wait(interval):
             with self._lock:
-                held = [(s, s.claim) for s in self._slots if s.claim is not None]
+                held: list[tuple[_Slot | None, Claim]] = [
+                    (s, s.claim) for s in self._slots if s.claim is not None
+                ]
+            with self._cv:
+                held += [(None, c) for c in self._ready]
             for slot, claim in held:
-                assert claim is not None
                 try:
                     answer = self.transport.heartbeat(
                         claim.id, claim.lease_token, lease_seconds=self.lease_seconds
                     )
                 except Exception:
                     continue  # the next beat tries again; the lease has slack
-                if answer.cancel or not answer.ok:
-                    with self._lock:
-                        if slot.claim is claim:
-                            slot.cancel_requested = True
+                if not (answer.cancel or not answer.ok):
+                    continue
+                if slot is None:  # still buffered: never start it
+                    with self._cv, contextlib.suppress(ValueError):
+                        self._ready.remove(claim)
+                    continue
+                with self._lock:
+                    if slot.claim is claim:
+                        slot.cancel_requested = True
 
 
 # ---------------------------------------------------------------------- child side

@@ -269,6 +269,28 @@ class HttpTransport(Session):
         answer = self._call("GET", "/v1/invocations", query=query)
         return invocations_in(answer, self.now())
 
+    def wait_here(self, inv_id: str, timeout: float | None) -> Invocation | None:
+        """Wait for one invocation in the calling thread, one long-poll after another.
+
+        A caller that waits on one result at a time (``SyncQueue.result``) skips the
+        shared poller and its two thread hand-overs. Returns None once ``timeout`` has
+        passed; raises :class:`UnknownInvocation` for an id the plane does not have.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        cap = self.limits.max_wait
+        while True:
+            left = cap if deadline is None else min(max(0.0, deadline - time.monotonic()), cap)
+            started = time.monotonic()
+            for rec in self._wait([inv_id], left):
+                if rec.id == inv_id:
+                    return rec
+            self._remember([inv_id])
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            if time.monotonic() - started < left / 2:
+                # The plane answered early and empty (it holds no waits): do not spin.
+                self._closed.wait(0.1)
+
     def _wait(self, ids: list[str], timeout: float) -> list[Invocation]:
         answer = self._call(
             "POST", "/v1/invocations/wait", {"ids": ids, "timeout": timeout}, wait=timeout
