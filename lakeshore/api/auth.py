@@ -40,6 +40,11 @@ class Identity:
         if self.role != "admin" and self.role not in roles:
             raise Forbidden(f"a {self.role} token cannot do this (needs {' or '.join(roles)})")
 
+    @property
+    def unscoped(self) -> bool:
+        """Whether every queue is in scope (an admin, or a ``*`` scope)."""
+        return self.role == "admin" or "*" in self.queues
+
     def may_use(self, queue: str) -> bool:
         return self.role == "admin" or any(fnmatch.fnmatchcase(queue, g) for g in self.queues)
 

@@ -40,8 +40,12 @@ log = logging.getLogger(__package__)
 
 #: after a kick, let a burst of new watches gather before the next long-poll (seconds)
 _COALESCE = 0.01
-#: after a poll that returned results, give other finishing ids a moment (seconds)
+#: after a poll that returned results, give other finishing ids a moment (seconds) ...
 _LINGER = 0.005
+#: ... and more when many are watched: each poll carries every id, so polling at once
+#: after each handful of results would send a large request for a few answers
+_LINGER_PER_ID = 1e-5
+_LINGER_MAX = 0.1
 #: a poller thread with nothing to watch for this long ends (and closes its connection)
 _IDLE_EXIT = 10.0
 
@@ -265,8 +269,9 @@ class _Poller:
             failures = 0
             hub.deliver(records)
             if records:
+                linger = min(_LINGER_MAX, _LINGER + _LINGER_PER_ID * len(snapshot))
                 with hub.cond:
-                    hub.cond.wait(_LINGER)
+                    hub.cond.wait(linger)
 
     def _settle(self) -> bool:
         """End the poll in flight; whether it was kicked."""
