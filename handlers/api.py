@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver, Response
+from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 
 from .. import logs
 from ..api import Identity, Service, authenticate
@@ -83,6 +84,15 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
 
     def query() -> dict[str, str]:
         return apigw.query(app.current_event.raw_event)
+
+    def raw_bytes(app: APIGatewayHttpResolver, next_middleware: NextMiddleware) -> Response[Any]:
+        """On ``lakeshore serve`` a bytes answer goes out as it is (no base64 both ways)."""
+        response: Response[Any] = next_middleware(app)
+        if isinstance(response.body, bytes) and apigw.raw_bodies(app.current_event.raw_event):
+            response.body = bytearray(response.body)
+        return response
+
+    app.use(middlewares=[raw_bytes])
 
     def route(method: str, path: str) -> Callable[[Callable[..., dict[str, Any]]], Any]:
         """Register ``fn(ident, **path_params) -> answer`` at ``method path``."""

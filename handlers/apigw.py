@@ -15,7 +15,10 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["header", "http_event", "http_response", "query", "request_body"]
+__all__ = ["header", "http_event", "http_response", "query", "raw_bodies", "request_body"]
+
+#: marks an event built by :func:`http_event` with ``raw_body`` (never from API Gateway)
+_RAW = "lakeshoreRawBodies"
 
 
 def request_body(event: Mapping[str, Any]) -> bytes:
@@ -26,6 +29,13 @@ def request_body(event: Mapping[str, Any]) -> bytes:
     if event.get("isBase64Encoded"):
         return base64.b64decode(body)
     return body.encode() if isinstance(body, str) else bytes(body)
+
+
+def raw_bodies(event: Mapping[str, Any]) -> bool:
+    """Whether bodies may stay bytes both ways (``lakeshore serve``): the answer to such
+    an event may carry a ``bytearray`` body, which powertools passes on as it is and
+    :func:`http_response` sends unchanged — no base64 round trip of a megabyte blob."""
+    return bool(event.get(_RAW))
 
 
 def header(event: Mapping[str, Any], name: str) -> str | None:
@@ -46,8 +56,14 @@ def http_event(
     headers: Mapping[str, str] | None = None,
     body: bytes = b"",
     source_ip: str = "127.0.0.1",
+    raw_body: bool = False,
 ) -> dict[str, Any]:
-    """An API Gateway v2 event for one plain HTTP request, as API Gateway builds it."""
+    """An API Gateway v2 event for one plain HTTP request, as API Gateway builds it.
+
+    With ``raw_body`` the body stays bytes instead of base64 text (:func:`request_body`
+    reads both): what ``lakeshore serve`` uses, since nothing but this module reads it
+    and a megabyte of base64 costs milliseconds each way.
+    """
     hdrs: dict[str, str] = {}
     for key, value in (headers or {}).items():
         k = key.lower()
@@ -84,15 +100,21 @@ def http_event(
             "time": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(now)),
             "timeEpoch": int(now * 1000),
         },
-        "body": base64.b64encode(body).decode() if body else None,
-        "isBase64Encoded": bool(body),
+        "body": (body if raw_body else base64.b64encode(body).decode()) if body else None,
+        "isBase64Encoded": bool(body) and not raw_body,
+        _RAW: raw_body,
     }
 
 
 def http_response(result: Mapping[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
     """Status, headers and body bytes of a handler's answer."""
     raw = result.get("body") or ""
-    body = base64.b64decode(raw) if result.get("isBase64Encoded") else str(raw).encode()
+    if isinstance(raw, bytearray | memoryview):
+        body = bytes(raw)
+    elif result.get("isBase64Encoded"):
+        body = base64.b64decode(raw)
+    else:
+        body = str(raw).encode()
     headers: list[tuple[str, str]] = [(k, str(v)) for k, v in (result.get("headers") or {}).items()]
     for key, values in (result.get("multiValueHeaders") or {}).items():
         headers.extend((key, str(v)) for v in values)

@@ -335,6 +335,7 @@ class PlaneASGI:
             headers=headers,
             body=body,
             source_ip=client[0] if client else "127.0.0.1",
+            raw_body=True,
         )
 
     async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:

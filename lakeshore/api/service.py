@@ -461,6 +461,12 @@ class Service:
         claims = self.plane.claim(
             open_queues, body["worker"], limit=limit, wait=left, lease_seconds=lease
         )
+        if claims:
+            # A queue paused while this claim waited hands its claims straight back.
+            paused_now = self.pauses.paused({c.queue for c in claims})
+            for c in [c for c in claims if c.queue in paused_now]:
+                self.plane.release(c.id, c.lease_token)
+            claims = [c for c in claims if c.queue not in paused_now]
         for c in claims:
             self.metrics.claimed(c.queue)
             logs.event(
