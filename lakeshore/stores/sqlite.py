@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, fields
@@ -166,13 +167,30 @@ class SqliteStore:
             self.path, timeout=30.0, isolation_level=None, check_same_thread=False
         )
         if self.shared:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._use_wal()
             self._db.execute(f"PRAGMA synchronous={durability.upper()}")
         self._db.execute("PRAGMA busy_timeout=30000")
         with self._tx():
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     self._db.execute(stmt)
+
+    def _use_wal(self) -> None:
+        """Switch the file to WAL (it stays so). Changing the journal mode does not wait
+        on the busy timeout: when several processes open a new file at once, it is
+        "database is locked" at once. So it reads the mode first (a file already in WAL
+        needs no lock) and retries the switch for up to 30 s."""
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
