@@ -134,12 +134,13 @@ def _after_call_error(exception: Exception, **_: Any) -> None:
 
 
 def _open_store(session: Any = None) -> Any:
-    from ..stores.dynamo import DynamoStore, make_clients
+    from ..stores.dynamo import DynamoStore, lambda_client_config, make_clients
 
     missing = [var for var in ENV_VARS if var not in os.environ]
     if missing:
         raise RuntimeError(f"the stack's plane needs {', '.join(missing)} set as well")
-    dynamodb, s3 = make_clients(session=session)
+    # few attempts and short timeouts: a failing call ends well inside the 29 s timeout
+    dynamodb, s3 = make_clients(session=session, config=lambda_client_config())
     return DynamoStore(Resources.from_env(), dynamodb=map_errors(dynamodb), s3=map_errors(s3))
 
 

@@ -345,7 +345,7 @@ class AsyncDynamoProbe:
                 watch.remove(inv_id, fut)
                 if fut.done() and not fut.cancelled():
                     fut.exception()  # retrieved: gather raised only the first
-        return [await self._record(item) for item in items]
+        return [await self._shown(item) for item in items]
 
     async def get(self, inv_id: str) -> Invocation:
         """The record now (any state, without its payload)."""
@@ -357,7 +357,15 @@ class AsyncDynamoProbe:
             )
         if "Item" not in out:
             raise UnknownInvocation(f"no invocation {inv_id!r} on this plane")
-        return await self._record(out["Item"])
+        return await self._shown(out["Item"])
+
+    async def _shown(self, item: dict[str, Any]) -> Invocation:
+        """The record as the plane shows it: past its tombstone it is unknown (the
+        table's TTL may not have deleted it yet), past expiry without its result."""
+        rec = self._plane().visible(await self._record(item))
+        if rec is None:
+            raise UnknownInvocation(f"no invocation {item['id']['S']!r} on this plane")
+        return rec
 
     async def get_blob(self, digest: str) -> bytes:
         """A content-addressed blob's bytes (:class:`NotFound` when absent)."""

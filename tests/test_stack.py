@@ -576,8 +576,12 @@ def test_the_sweeper_hands_an_expired_lease_back(
 
 
 def _attempts(client: Any) -> int:
-    """How many times botocore sends one request before it gives up."""
-    return int(client.meta.config.retries["total_max_attempts"])
+    """How many times the handler's botocore sends one request before it gives up: the
+    Lambda retry budget (``lambda_client_config``), not the test client's own."""
+    from dreamlake.lakeshore.stores.dynamo import lambda_client_config
+
+    assert client is not None
+    return int(lambda_client_config().retries["total_max_attempts"])
 
 
 def test_a_throttled_write_is_retried_and_recorded_once(stack: Stack) -> None:
