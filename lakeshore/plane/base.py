@@ -3,6 +3,7 @@ reads the other parts build on."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 from collections.abc import Sequence
@@ -39,6 +40,13 @@ class PlaneBase:
 
     def now(self) -> float:
         return self.clock.now()
+
+    def batch(self) -> contextlib.AbstractContextManager[object]:
+        """Group the store writes of the block (one SQLite commit for a batch of
+        completions); a no-op for stores that write item by item (DynamoDB). Every
+        lifecycle rule still applies to each invocation on its own."""
+        transaction = getattr(self.store, "transaction", None)
+        return transaction() if callable(transaction) else contextlib.nullcontext()
 
     def get_queue(self, name: str) -> QueueSpec:
         spec = self.store.get_queue(name)

@@ -67,15 +67,16 @@ class WorkerOps(PlaneBase):
         self, queues: Sequence[str], worker: str, limit: int, lease_seconds: float
     ) -> list[Claim]:
         claims: list[Claim] = []
-        for name in queues:
-            spec = self.store.get_queue(name)
-            if spec is None:
-                continue
-            while len(claims) < limit:
-                got = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
-                claims.extend(got)
-                if not got:
-                    break
+        with self.batch():
+            for name in queues:
+                spec = self.store.get_queue(name)
+                if spec is None:
+                    continue
+                while len(claims) < limit:
+                    got = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
+                    claims.extend(got)
+                    if not got:
+                        break
         for name in {c.queue for c in claims}:
             self._touch(name, self.clock.now())
         return claims
@@ -173,12 +174,13 @@ class WorkerOps(PlaneBase):
     def complete_many(self, items: Sequence[tuple[str, str, bytes]]) -> list[Exception | None]:
         """:meth:`complete` for several; each item's refusal (or None), in order."""
         out: list[Exception | None] = []
-        for inv_id, token, result in items:
-            try:
-                self.complete(inv_id, token, result)
-                out.append(None)
-            except LakeshoreError as exc:
-                out.append(exc)
+        with self.batch():
+            for inv_id, token, result in items:
+                try:
+                    self.complete(inv_id, token, result)
+                    out.append(None)
+                except LakeshoreError as exc:
+                    out.append(exc)
         return out
 
     def fail_many(
@@ -186,12 +188,13 @@ class WorkerOps(PlaneBase):
     ) -> list[Exception | None]:
         """:meth:`fail` for several; each item's refusal (or None), in order."""
         out: list[Exception | None] = []
-        for inv_id, token, error, retryable in items:
-            try:
-                self.fail(inv_id, token, error, retryable=retryable)
-                out.append(None)
-            except LakeshoreError as exc:
-                out.append(exc)
+        with self.batch():
+            for inv_id, token, error, retryable in items:
+                try:
+                    self.fail(inv_id, token, error, retryable=retryable)
+                    out.append(None)
+                except LakeshoreError as exc:
+                    out.append(exc)
         return out
 
     def release(self, inv_id: str, lease_token: str) -> None:

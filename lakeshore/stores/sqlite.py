@@ -163,6 +163,8 @@ class SqliteStore:
         if self.shared:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        #: > 0 while :meth:`transaction` holds one open (its thread holds the lock)
+        self._depth = 0
         self._db = sqlite3.connect(
             self.path, timeout=30.0, isolation_level=None, check_same_thread=False
         )
@@ -194,8 +196,23 @@ class SqliteStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction, taken at once (no lock upgrades, no deadlocks)."""
+        """A write transaction, taken at once (no lock upgrades, no deadlocks).
+
+        Inside :meth:`transaction` it is a savepoint of the enclosing transaction."""
         with self._lock:
+            if self._depth:
+                self._depth += 1
+                self._db.execute("SAVEPOINT step")
+                try:
+                    yield self._db
+                except BaseException:
+                    self._db.execute("ROLLBACK TO step")
+                    self._db.execute("RELEASE step")
+                    raise
+                finally:
+                    self._depth -= 1
+                self._db.execute("RELEASE step")
+                return
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -203,6 +220,25 @@ class SqliteStore:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Group the writes of the block into one transaction (one commit): what a batch
+        of completions or a claim of many takes. Each write inside is a savepoint that
+        stands on its own, as without the block (the plane has already told waiters of
+        it), so the block commits what succeeded even when it ends with an exception.
+        Other threads wait for the block to end."""
+        with self._lock:
+            if self._depth:
+                yield
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            self._depth = 1
+            try:
+                yield
+            finally:
+                self._depth = 0
+                self._db.execute("COMMIT")
 
     # --- queues -------------------------------------------------------------
     def put_queue(self, spec: QueueSpec, now: float) -> QueueSpec:
