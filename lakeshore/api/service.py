@@ -548,18 +548,19 @@ class Service:
             ("id", "lease_token", "result"),
         )
         recs = self._leased_in_scope(ident, [x["id"] for x in items])
+        results = [as_bytes(x["result"], "result") for x in items]
+        if any(len(result) > self.limits.inline_payload for result in results):
+            raise InvalidRequest("result is over the inline limit: send it as a blob")
         answers = []
-        for x in items:
-            result = as_bytes(x["result"], "result")
-            if len(result) > self.limits.inline_payload:
-                raise InvalidRequest("result is over the inline limit: send it as a blob")
-            try:
-                self.plane.complete(x["id"], x["lease_token"], result)
-                answers.append({"id": x["id"], "ok": True, "error": None})
-                self._finished(recs.get(x["id"]), "succeeded")
-            except LakeshoreError as exc:  # LeaseLost and the like answer per item
-                answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
-                logs.event(_log, "answer.refused", x["id"], code=exc.code)
+        with self.plane.batch():  # one commit for the batch where the store can
+            for x, result in zip(items, results, strict=True):
+                try:
+                    self.plane.complete(x["id"], x["lease_token"], result)
+                    answers.append({"id": x["id"], "ok": True, "error": None})
+                    self._finished(recs.get(x["id"]), "succeeded")
+                except LakeshoreError as exc:  # LeaseLost and the like answer per item
+                    answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
+                    logs.event(_log, "answer.refused", x["id"], code=exc.code)
         return {"answers": answers}
 
     def fail(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
