@@ -21,6 +21,7 @@ from typing import Any, Literal
 import msgpack
 
 from ..plane.model import (
+    FINISHED,
     DaemonRecord,
     Invocation,
     LogEntry,
@@ -31,6 +32,9 @@ from ..plane.model import (
 )
 
 __all__ = ["SqliteStore"]
+
+#: states an invocation ends in (as stored)
+_FINISHED_STATES = frozenset(s.value for s in FINISHED)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS queues (
@@ -334,6 +338,18 @@ class SqliteStore:
     def get_many(self, ids: Sequence[str]) -> list[Invocation]:
         sql = f"SELECT {_SELECT} FROM invocations WHERE id IN ({{}})"
         return [_from_row(r) for r in self._select_in(sql, ids)]
+
+    def finished_among(
+        self, ids: Sequence[str]
+    ) -> tuple[dict[str, float | None], list[Invocation]]:
+        """Which of ``ids`` exist (id → ``expires_at``) and the records of the finished
+        ones: what a wait on many ids needs, without decoding the unfinished records."""
+        rows = self._select_in(
+            "SELECT id, state, expires_at FROM invocations WHERE id IN ({})", ids
+        )
+        known = {r[0]: r[2] for r in rows}
+        done = [r[0] for r in rows if r[1] in _FINISHED_STATES]
+        return known, self.get_many(done) if done else []
 
     def update_if(
         self,
