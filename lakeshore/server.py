@@ -63,6 +63,8 @@ DEFAULT_THREADS = 512
 DEFAULT_MAX_BODY = 10 * 1024 * 1024
 #: seconds in-flight requests get to finish once a stop is asked (long polls are cut)
 GRACEFUL_SECONDS = 1.0
+#: seconds between checks for writes made to the plane file by other processes
+_SHARED_POLL = 0.05
 #: the routes that may hold a request for up to ``max_wait``
 _WAITING_PATHS = frozenset({"/v1/claims", "/v1/invocations/wait"})
 
@@ -475,7 +477,11 @@ class LocalServer:
         from .plane import Plane
         from .stores import SqliteStore
 
-        return Plane(SqliteStore(self.plane_path))
+        store = SqliteStore(self.plane_path)
+        # Everything reaches this plane through the server, whose writes wake waiters at
+        # once; another process writing the file directly is noticed within 50 ms.
+        store.poll_interval = _SHARED_POLL
+        return Plane(store)
 
     def answers_inline(self, method: str, path: str) -> bool:
         """Whether a request is short enough to answer on the event loop.
