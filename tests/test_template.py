@@ -144,6 +144,43 @@ def test_the_bucket_has_the_lifecycle_of_the_prefixes_keys_names(
     assert all(blocked["PublicAccessBlockConfiguration"].values())
 
 
+def test_the_api_function_may_write_read_and_presign_wake_objects_and_none_expires(
+    stack: tuple[K.Resources, Any, Any],
+) -> None:
+    """Idle workers GET ``wake/<queue>`` by URLs the API function presigns (so its role
+    needs GetObject there), a submit rewrites it (PutObject), a claim HEADs it (a
+    missing one must answer 404, not 403: ListBucket). No lifecycle rule may expire it
+    (a queue's object lives as long as the queue)."""
+    import fnmatch
+
+    template = load_template()
+    function = template["Resources"]["ApiFunction"]["Properties"]
+    assert {"Ref": "PlaneDataPolicy"} in function["Policies"]
+    statements = template["Resources"]["PlaneDataPolicy"]["Properties"]["PolicyDocument"][
+        "Statement"
+    ]
+
+    def allowed(action: str, resource: str) -> bool:
+        for st in statements:
+            actions = st["Action"] if isinstance(st["Action"], list) else [st["Action"]]
+            res = st["Resource"] if isinstance(st["Resource"], list) else [st["Resource"]]
+            names = [r.get("Fn::Sub", "").replace("${BlobBucket.Arn}", "bucket") for r in res]
+            if {"Fn::GetAtt": ["BlobBucket", "Arn"]} in res:
+                names.append("bucket")
+            matches = any(fnmatch.fnmatchcase(resource, n) for n in names if n)
+            if st["Effect"] == "Allow" and action in actions and matches:
+                return True
+        return False
+
+    key = f"bucket/{K.wake_key('some-queue')}"
+    assert allowed("s3:GetObject", key) and allowed("s3:PutObject", key)
+    assert allowed("s3:DeleteObject", key) and allowed("s3:ListBucket", "bucket")
+    resources, _, s3 = stack
+    rules = s3.get_bucket_lifecycle_configuration(Bucket=resources.bucket)["Rules"]
+    prefixes = [r["Filter"].get("Prefix", "") for r in rules if "Expiration" in r]
+    assert not [p for p in prefixes if K.wake_key("q").startswith(p)]
+
+
 def test_a_table_property_the_builder_does_not_know_is_an_error() -> None:
     # Given the template with a property infra/tables.py does not translate
     template = copy.deepcopy(load_template())

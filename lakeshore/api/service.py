@@ -22,6 +22,7 @@ from ..errors import InvalidRequest, LakeshoreError, NotFound, PayloadTooLarge, 
 from ..metrics import Registry
 from ..plane import Plane
 from ..plane.model import Invocation, QueueSpec, RetryPolicy, State, Submission
+from ..plane.store import WakeObjects, wake_objects
 from ..submit import new_id
 from ..wire import (
     PICKLE_PROTOCOL,
@@ -71,6 +72,9 @@ _MAX_DELAY = 366 * 86400.0
 _DAEMON_STALE = 300.0
 #: how often a claim on paused queues only looks again whether one was resumed
 _PAUSE_RECHECK = 1.0
+#: seconds a claim's wake URLs stay valid (past the fallback, so a worker that follows
+#: the answer never holds an expired one; a 403 still just means "claim")
+_WAKE_URL_TTL = 3600
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,13 @@ class Limits:
     inline_payload: int = 256 * 1024
     #: items in one batch call
     max_batch: int = 500
-    #: seconds a claim or wait may block on the server
+    #: seconds a claim or wait may block on the server (a plane with wake objects
+    #: answers an empty claim at once instead: see ``wake_interval``)
     max_wait: float = 20.0
+    #: on a plane with wake objects (DynamoDB + S3): how often an idle worker GETs the
+    #: wake objects of its queues, and how long it goes without a real claim at most
+    wake_interval: float = 4.5
+    wake_fallback: float = 120.0
 
 
 def _retry(value: Any) -> RetryPolicy | None:
@@ -163,7 +172,13 @@ class Service:
             "version": __version__,
             "time": now,
             "wire": [WIRE_VERSION],
-            "limits": {**asdict(self.limits), "max_wait_ids": self.limits.max_batch * 20},
+            "limits": {
+                "max_body": self.limits.max_body,
+                "inline_payload": self.limits.inline_payload,
+                "max_batch": self.limits.max_batch,
+                "max_wait": self.limits.max_wait,
+                "max_wait_ids": self.limits.max_batch * 20,
+            },
             "identity": {
                 "token_id": ident.token_id,
                 "role": ident.role,
@@ -271,10 +286,18 @@ class Service:
             raise InvalidRequest(f"invocations must hold 1 to {self.limits.max_batch} items")
         subs = [self._submission(ident, item, i) for i, item in enumerate(items)]
         created = []
+        idle = []
+        wakes = wake_objects(self.plane.store)
         for name in sorted({s.queue for s in subs}):
-            if self.plane.store.get_queue(name) is None:
+            if wakes is not None:  # the spec read tells whether idle workers wait for a wake
+                spec, marked = wakes.queue_and_idle(name)
+            else:
+                spec, marked = self.plane.store.get_queue(name), False
+            if spec is None:
                 self.plane.ensure_queue(QueueSpec(name))  # first submit creates, as in the SDK
                 created.append(name)
+            elif marked:
+                idle.append(name)
         try:
             ids = self.plane.submit(subs)
         except LakeshoreError:
@@ -282,6 +305,10 @@ class Service:
                 if not any(self.plane.counts(name).values()):
                     self.plane.delete_queue(name)
             raise
+        if wakes is not None:
+            for name in idle:
+                if wakes.wake(name):
+                    logs.event(_log, "queue.woken", queue=name)
         per_queue: dict[str, int] = {}
         for sub in subs:
             per_queue[sub.queue] = per_queue.get(sub.queue, 0) + 1
@@ -447,7 +474,10 @@ class Service:
         lease = body.get("lease_seconds")
         if lease is not None and not 1 <= lease <= 3600:
             raise InvalidRequest("lease_seconds must be 1 to 3600")
+        wakes = wake_objects(self.plane.store)
         wait = min(max(0.0, float(body.get("wait", 0.0))), self.limits.max_wait)
+        if wakes is not None:
+            wait = 0.0  # nothing waits inside the function: an empty answer says what to watch
         deadline = time.monotonic() + wait
         while True:
             open_queues = [q for q in queues if q not in self.pauses.paused(queues)]
@@ -455,12 +485,19 @@ class Service:
                 break
             left = deadline - time.monotonic()
             if left <= 0:  # every queue named is paused: nothing to hand out
+                if wakes is not None:
+                    return self._idle_answer(wakes, queues, [], body["worker"], limit, lease)
                 return {"claims": []}
             threading.Event().wait(min(left, _PAUSE_RECHECK))
         left = max(0.0, deadline - time.monotonic())
         claims = self.plane.claim(
             open_queues, body["worker"], limit=limit, wait=left, lease_seconds=lease
         )
+        if not claims and wakes is not None:
+            return self._idle_answer(wakes, queues, open_queues, body["worker"], limit, lease)
+        return self._claimed(claims, body["worker"])
+
+    def _claimed(self, claims: list[Any], worker: str) -> dict[str, Any]:
         if claims:
             # A queue paused while this claim waited hands its claims straight back.
             paused_now = self.pauses.paused({c.queue for c in claims})
@@ -474,10 +511,45 @@ class Service:
                 "invocation.claimed",
                 c.id,
                 queue=c.queue,
-                worker=body["worker"],
+                worker=worker,
                 attempt=c.attempt,
             )
         return {"claims": [asdict(c) for c in claims]}
+
+    def _idle_answer(
+        self,
+        wakes: WakeObjects,
+        queues: list[str],
+        open_queues: list[str],
+        worker: str,
+        limit: int,
+        lease: float | None,
+    ) -> dict[str, Any]:
+        """An empty claim on a plane with wake objects: mark the queues idle, look for
+        work once more (a submit that read the queue before the mark was set wakes no
+        one, but its work is pending by now), else tell the worker what to watch.
+
+        ``wake``: ``urls`` and ``etags`` per queue (GET with ``If-None-Match``; any
+        other answer than 304 means claim), ``interval`` between GETs, ``fallback``
+        seconds after which to claim anyway, and ``due_in`` when a scheduled invocation
+        of these queues comes due sooner (claim then).
+        """
+        now = self.plane.now()
+        etags = {q: wakes.mark_idle(q, now) for q in dict.fromkeys(queues)}
+        if open_queues:
+            claims = self.plane.claim(open_queues, worker, limit=limit, lease_seconds=lease)
+            if claims:
+                return self._claimed(claims, worker)
+        wake: dict[str, Any] = {
+            "urls": {q: wakes.wake_url(q, _WAKE_URL_TTL) for q in etags},
+            "etags": etags,
+            "interval": self.limits.wake_interval,
+            "fallback": self.limits.wake_fallback,
+        }
+        due = [t for q in open_queues if (t := self.plane.store.next_available_at(q)) is not None]
+        if due:
+            wake["due_in"] = max(0.0, min(due) - now)
+        return {"claims": [], "wake": wake}
 
     def _batch(
         self, body: dict[str, Any], key: str, schema: dict[str, Any], required: tuple[str, ...]

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlsplit
 from ..errors import (
     Forbidden,
     InvalidRequest,
+    LakeshoreError,
     QueueNotFound,
     Unauthorized,
     UnknownInvocation,
@@ -55,6 +56,7 @@ from .views import (
     queue_spec,
     submission_body,
 )
+from .wake import WakeWatch
 from .watches import Watches
 
 __all__ = ["HttpTransport"]
@@ -111,6 +113,8 @@ class HttpTransport(Session):
         self._known: OrderedDict[str, None] = OrderedDict()
         self._uploads: dict[str, str] = {}
         self._watches = Watches(self)
+        #: what idle claims on each set of queues watch (planes with wake objects)
+        self._wakes: dict[tuple[str, ...], WakeWatch] = {}
 
     def __repr__(self) -> str:
         return f"HttpTransport({self.base_url!r})"
@@ -312,12 +316,23 @@ class HttpTransport(Session):
 
         The server holds each call up to ``max_wait``; longer waits are several calls.
         With ``should_stop`` a call waits at most 2 s so a stop is seen soon.
+
+        A plane with wake objects answers an empty claim at once with what to watch
+        (:mod:`.wake`): until its fallback passes, claims on the same queues that may
+        wait (``wait`` > 0) only GET the wake objects every ``interval`` seconds, and
+        ask the plane again when one changed. The watch outlives the call, so a loop of
+        short claims (the process worker's) looks at the same steady pace.
         """
         if limit < 1:
             raise InvalidRequest("claim limit must be at least 1")
         deadline = time.monotonic() + max(0.0, wait)
         cap = self.limits.max_wait if should_stop is None else min(2.0, self.limits.max_wait)
+        key = tuple(sorted(set(queues)))
         while True:
+            with self._lock:
+                watch = self._wakes.get(key)
+            if watch is not None and wait > 0 and not self._watch(watch, deadline, should_stop):
+                return []
             chunk = max(0.0, min(deadline - time.monotonic(), cap))
             body: dict[str, Any] = {
                 "queues": list(queues),
@@ -330,12 +345,53 @@ class HttpTransport(Session):
             started = time.monotonic()
             answer = self._call("POST", "/v1/claims", body, wait=chunk)
             claims = [claim_of(c) for c in answer.get("claims") or ()]
+            watch = None if claims else WakeWatch.from_answer(answer.get("wake"), time.monotonic())
+            with self._lock:
+                if watch is not None:
+                    self._wakes[key] = watch
+                else:
+                    self._wakes.pop(key, None)
             remaining = deadline - time.monotonic()
             if claims or remaining <= 0 or (should_stop is not None and should_stop()):
                 return claims
+            if watch is not None:
+                continue
             if time.monotonic() - started < chunk / 2:
                 # The server answered early and empty: do not spin on it.
                 self._closed.wait(min(0.1, remaining))
+
+    def _watch(
+        self, watch: WakeWatch, deadline: float, should_stop: Callable[[], bool] | None
+    ) -> bool:
+        """Look at the wake objects on the watch's pace until one changed or the
+        fallback passed (True: claim now), or until ``deadline``, a stop or close
+        (False: answer empty)."""
+        while True:
+            now = time.monotonic()
+            if watch.expired(now):
+                return True
+            if now >= watch.next_look:
+                if watch.look(self._wake_status):
+                    return True
+                continue
+            if now >= deadline or (should_stop is not None and should_stop()):
+                return False
+            pause = min(watch.next_look, watch.claim_at, deadline) - now
+            if should_stop is not None:
+                pause = min(pause, 0.5)
+            if self._closed.wait(pause):
+                return False
+
+    def _wake_status(self, url: str, etag: str) -> int:
+        """The HTTP status of a conditional GET of a wake object (0: it failed)."""
+        target = self._resolve(url)
+        headers = self._headers(target, accept="*/*")
+        if etag:
+            headers["If-None-Match"] = etag
+        try:
+            return self._exchange("GET", target, None, headers, self.timeout).status
+        except LakeshoreError:
+            return 0
 
     def heartbeat(
         self, inv_id: str, lease_token: str, *, lease_seconds: float | None = None

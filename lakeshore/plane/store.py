@@ -10,11 +10,11 @@ these primitives passes the conformance suite in ``tests/test_store_conformance.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .model import DaemonRecord, Invocation, LogEntry, QueueSpec, TokenRecord
 
-__all__ = ["Store"]
+__all__ = ["Store", "WakeObjects", "wake_objects"]
 
 
 class Store(Protocol):
@@ -171,3 +171,39 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class WakeObjects(Protocol):
+    """An optional capability: idle workers watch one cheap object per queue instead of
+    asking the plane (the DynamoDB + S3 store; SQLite planes hold claims instead).
+
+    A claim that finds nothing marks its queues idle (:meth:`mark_idle`) and hands the
+    workers a URL per queue (:meth:`wake_url`) with the object's ETag; a submit that
+    reads the mark (:meth:`queue_and_idle`, the spec read it makes anyway) clears it and
+    rewrites the object (:meth:`wake`), so a busy queue's submits write nothing extra.
+    """
+
+    def queue_and_idle(self, name: str) -> tuple[QueueSpec | None, bool]:
+        """The queue's spec (None if it does not exist) and whether it is marked idle,
+        in one read."""
+        ...
+
+    def mark_idle(self, name: str, now: float) -> str:
+        """Mark the queue idle unless it is, make sure its wake object exists, and
+        return the object's ETag (as of after the mark)."""
+        ...
+
+    def wake(self, name: str) -> bool:
+        """If the queue is marked idle, clear the mark and rewrite its wake object (a
+        new ETag); True if this call did. Atomic: of racing calls one wakes."""
+        ...
+
+    def wake_url(self, name: str, ttl: int) -> str:
+        """A URL to GET the queue's wake object for ``ttl`` seconds (presigned)."""
+        ...
+
+
+def wake_objects(store: Any) -> WakeObjects | None:
+    """``store`` if it has the :class:`WakeObjects` capability, else None."""
+    return store if isinstance(store, WakeObjects) else None

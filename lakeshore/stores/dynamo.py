@@ -42,6 +42,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import secrets
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -87,6 +89,8 @@ _PENDING_CARRIED = (
 )
 #: attempts at one update under contention (a transaction conflict, a moving revision)
 _TRIES = 25
+#: the longest a presigned URL may live (S3's limit)
+_MAX_WAKE_TTL = 7 * 86400
 #: ids a handle remembers having marked as having output (then forgets them all)
 _LOGGED_MEMORY = 10_000
 
@@ -237,12 +241,72 @@ class DynamoStore(DynamoExtras):
         """Read eventually consistently (half a read unit: every claim and submit reads
         the spec), strongly only when that finds nothing, so a queue created a moment
         ago is found. A changed spec may be read as it was for about a second."""
+        return self._queue_read(name)[0]
+
+    # --- wake objects (plane.store.WakeObjects) -------------------------------------------
+    def queue_and_idle(self, name: str) -> tuple[QueueSpec | None, bool]:
+        """The spec and the idle mark, read as :meth:`get_queue` reads (the same read).
+
+        An eventually consistent read may miss a mark set a moment ago: that submit
+        wakes no one, and the idle workers find its work at their next fallback claim
+        (the claim that set the mark looks for work once more after setting it, which
+        narrows the window to a submit read and written within that claim)."""
+        return self._queue_read(name)
+
+    def _queue_read(self, name: str) -> tuple[QueueSpec | None, bool]:
         key = {K.Q_NAME: {"S": name}}
         for consistent in (False, True):
             out = self._ddb.get_item(TableName=self._queues, Key=key, ConsistentRead=consistent)
             if "Item" in out:
-                return _spec(out["Item"])
-        return None
+                return _spec(out["Item"]), K.Q_IDLE in out["Item"]
+        return None, False
+
+    def mark_idle(self, name: str, now: float) -> str:
+        """Set the mark unless it is set (a refused condition when it is: one write
+        unit); then the object's ETag: written now if the mark is new, else read (HEAD),
+        written if missing."""
+        newly = self._update_queue(
+            name,
+            "SET #i = :t",
+            "attribute_exists(#k) AND attribute_not_exists(#i)",
+            {"#i": K.Q_IDLE},
+            {":t": num(now)},
+        )
+        if not newly:
+            try:
+                head = self._s3.head_object(Bucket=self._bucket, Key=K.wake_key(name))
+                return str(head["ETag"])
+            except ClientError as exc:
+                if error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
+                    raise
+        return self._put_wake(name)
+
+    def wake(self, name: str) -> bool:
+        woke = self._update_queue(name, "REMOVE #i", "attribute_exists(#i)", {"#i": K.Q_IDLE}, {})
+        if woke:
+            self._put_wake(name)
+        return woke
+
+    def wake_url(self, name: str, ttl: int) -> str:
+        """A presigned GET (SigV4) of ``wake/<name>``; it stops working early if the
+        signing credentials (a Lambda role's) expire first: a worker then claims."""
+        if not 0 < ttl <= _MAX_WAKE_TTL:
+            raise ValueError(f"a presigned URL lives 1 s to 7 days, not {ttl!r} s")
+        url: str = self._s3.generate_presigned_url(
+            "get_object",
+            Params={"Bucket": self._bucket, "Key": K.wake_key(name)},
+            ExpiresIn=int(ttl),
+            HttpMethod="GET",
+        )
+        return url
+
+    def _put_wake(self, name: str) -> str:
+        """Write the wake object with new content (so a new ETag); return the ETag."""
+        body = f"{time.time_ns()} {secrets.token_hex(8)}\n".encode()
+        out = self._s3.put_object(
+            Bucket=self._bucket, Key=K.wake_key(name), Body=body, ContentType="text/plain"
+        )
+        return str(out["ETag"])
 
     def list_queues(self) -> list[tuple[QueueSpec, float]]:
         # The queues table holds one small item per queue: a scan is the listing.
@@ -271,6 +335,7 @@ class DynamoStore(DynamoExtras):
                 gone += len(page)
             self._ddb.delete_item(TableName=self._records, Key=K.running_key(name))
         self._ddb.delete_item(TableName=self._queues, Key={K.Q_NAME: {"S": name}})
+        self._delete_objects([K.wake_key(name)])
         return gone
 
     def touch_queue(self, name: str, now: float) -> None:
@@ -306,14 +371,16 @@ class DynamoStore(DynamoExtras):
     def _update_queue(
         self, name: str, update: str, cond: str, names: dict[str, str], values: dict[str, Any]
     ) -> bool:
+        params: dict[str, Any] = {"ExpressionAttributeValues": values} if values else {}
+        names = {**names, "#k": K.Q_NAME} if "#k" in cond or "#k" in update else names
         try:
             self._ddb.update_item(
                 TableName=self._queues,
                 Key={K.Q_NAME: {"S": name}},
                 UpdateExpression=update,
                 ConditionExpression=cond,
-                ExpressionAttributeNames={**names, "#k": K.Q_NAME},
-                ExpressionAttributeValues=values,
+                ExpressionAttributeNames=names,
+                **params,
             )
         except ClientError as exc:
             if error_code(exc) == "ConditionalCheckFailedException":

@@ -58,6 +58,8 @@ __all__ = [
     "LOG_TTL",
     "LOGGED",
     "OFFLOAD_REFS",
+    "Q_IDLE",
+    "WAKE_PREFIX",
     "PENDING_INCLUDE",
     "PENDING_INDEX",
     "PENDING_INDEX_ATTRS",
@@ -95,6 +97,7 @@ __all__ = [
     "lease_pks",
     "log_text_key",
     "offload_key",
+    "wake_key",
     "pending_pks",
     "running_key",
     "shard_home",
@@ -156,6 +159,10 @@ Q_CREATED = "created_at"
 Q_ACTIVITY = "last_activity"
 #: queue_counter(): claims made on the queue (Boltzmann annealing reads it)
 Q_CLAIMS = "claims"
+#: present (the plane time it was set) while a claim found the queue empty and idle
+#: workers watch its wake object; a submit that reads it removes it (conditionally)
+#: and rewrites the object (``WAKE_PREFIX``)
+Q_IDLE = "idle_since"
 
 # --- records table -------------------------------------------------------------------
 #: hash key: what the record is (one of the REC_* kinds); lists are one Query per kind
@@ -308,6 +315,10 @@ INV_PREFIX = "inv/"
 #: so one still in use outlives the blob/ lifecycle rule (BlobRetentionDays, 30 by
 #: default): a blob reported present has at least 23 more days
 BLOB_REFRESH_AFTER = 7 * 86400
+#: one small object per queue (``wake/<queue>``), rewritten (a new ETag) when a submit
+#: finds the queue marked idle (``Q_IDLE``); idle workers poll it by presigned GET with
+#: ``If-None-Match``. Deleted with its queue.
+WAKE_PREFIX = "wake/"
 
 
 def _shard(inv_id: str, shards: int) -> int:
@@ -346,6 +357,10 @@ def expiry_shard(inv_id: str) -> int:
 
 def blob_key(digest: str) -> str:
     return f"{BLOB_PREFIX}{digest}"
+
+
+def wake_key(queue: str) -> str:
+    return f"{WAKE_PREFIX}{queue}"
 
 
 def offload_key(inv_id: str, field: str, sha256: str) -> str:

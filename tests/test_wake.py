@@ -1,0 +1,341 @@
+"""Wake objects: an idle worker on the AWS plane watches S3 instead of asking the API.
+
+The plane over the DynamoDB + S3 store (a moto server, the template's tables and
+bucket) answers an empty claim at once with what to watch; a submit to an idle queue
+rewrites its wake object; the HTTP transport GETs the objects with ``If-None-Match``
+between claims and claims again when one changed, its URL stopped working, or the
+fallback passed. Requests are counted with botocore event hooks (S3) and at the API
+handler (claims). SQLite planes (serve, embedded) are unchanged: no ``wake``, claims
+held as before.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from dreamlake.lakeshore.api import Service, bootstrap_admin
+from dreamlake.lakeshore.api.auth import Identity
+from dreamlake.lakeshore.api.service import Limits
+from dreamlake.lakeshore.handlers import apigw
+from dreamlake.lakeshore.handlers.api import make_app
+from dreamlake.lakeshore.http.connections import Answer
+from dreamlake.lakeshore.http.transport import HttpTransport
+from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
+from dreamlake.lakeshore.plane.store import wake_objects
+from dreamlake.lakeshore.stores import SqliteStore
+from dreamlake.lakeshore.stores import keys as K
+from dreamlake.lakeshore.submit import new_id
+from dreamlake.lakeshore.wire import encode_ref_call
+
+pytest.importorskip("boto3")
+pytest.importorskip("moto")
+
+from openapi_schema_validator import OAS31Validator
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parent.parent
+INTERVAL = 0.2
+FALLBACK = 1.5
+
+
+class CountingTransport(HttpTransport):
+    """The SDK's transport with the API served in this process by the Lambda handler's
+    router (API Gateway v2 events, as the function gets them); everything else (the
+    presigned S3 URLs) goes over the network to the moto server."""
+
+    def __init__(self, app: Any, token: str, api_calls: Counter[str]) -> None:
+        super().__init__("https://api.local", token, retries=0)
+        self.app = app
+        self.api_calls = api_calls
+        self.answers: list[Any] = []
+
+    def _exchange(
+        self, method: str, target: Any, body: bytes | None, headers: Any, timeout: float
+    ) -> Any:
+        if not target.own:
+            return super()._exchange(method, target, body, headers, timeout)
+        path, _, query = target.path.partition("?")
+        self.api_calls[f"{method} {path}"] += 1
+        event = apigw.http_event(method, path, query_string=query, headers=headers, body=body)
+        status, pairs, answer = apigw.http_response(self.app.resolve(event, cast(Any, None)))
+        return Answer(status, {k.lower(): v for k, v in pairs}, answer)
+
+
+@dataclass
+class Stack:
+    plane: Plane
+    service: Service
+    app: Any
+    token: str
+    s3_calls: Counter[str]
+    api_calls: Counter[str]
+
+    def transport(self) -> CountingTransport:
+        return CountingTransport(self.app, self.token, self.api_calls)
+
+    def claims(self) -> int:
+        return self.api_calls["POST /v1/claims"]
+
+    def wake_puts(self) -> int:
+        return self.s3_calls["PutObject wake/"]
+
+
+@pytest.fixture(scope="module")
+def moto_clients() -> Iterator[tuple[Any, Any]]:
+    import boto3
+
+    from dreamlake.lakeshore.awsdirect import LOCAL_CREDENTIALS
+    from dreamlake.lakeshore.devstack import moto_server
+    from dreamlake.lakeshore.stores.dynamo import make_clients
+
+    server = moto_server(0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        session = boto3.Session(region_name="us-east-1", **LOCAL_CREDENTIALS)
+        yield make_clients("us-east-1", f"http://{host}:{port}", session=session)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def stack(moto_clients: tuple[Any, Any]) -> Iterator[Stack]:
+    from dreamlake.lakeshore.infra.tables import build_stack
+    from dreamlake.lakeshore.server import thread_safe
+    from dreamlake.lakeshore.stores.dynamo import DynamoStore
+
+    ddb, s3 = moto_clients
+    resources = K.Resources(
+        queues=f"q-{new_id()}",
+        invocations=f"i-{new_id()}",
+        records=f"r-{new_id()}",
+        logs=f"l-{new_id()}",
+        bucket=f"b-{new_id()}".lower()[:60],
+    )
+    build_stack(ddb, s3, resources, "us-east-1")
+    s3_calls: Counter[str] = Counter()
+
+    def count(params: dict[str, Any], model: Any, **_: Any) -> None:
+        key = str(params.get("Key", ""))
+        s3_calls[f"{model.name} {key.split('/', 1)[0]}/"] += 1
+
+    s3.meta.events.register("before-parameter-build.s3", count)
+    plane = Plane(DynamoStore(resources, dynamodb=ddb, s3=s3))
+    token = bootstrap_admin(plane)
+    assert token is not None
+    limits = Limits(max_wait=2.0, wake_interval=INTERVAL, wake_fallback=FALLBACK)
+    service = Service(plane, limits=limits)
+    try:
+        yield Stack(plane, service, thread_safe(make_app(service)), token, s3_calls, Counter())
+    finally:
+        s3.meta.events.unregister("before-parameter-build.s3", count)
+        plane.close()
+
+
+def job(queue: str, **options: Any) -> Submission:
+    return Submission(new_id(), queue, encode_ref_call("math:sqrt", (4.0,), {}).payload, **options)
+
+
+def claim_in_thread(
+    t: HttpTransport, queue: str, wait: float
+) -> tuple[threading.Thread, list[Any]]:
+    got: list[Any] = []
+
+    def run() -> None:
+        got.append((t.claim([queue], "w", wait=wait), time.monotonic()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, got
+
+
+# --- the answer ----------------------------------------------------------------------------
+
+
+def test_an_empty_claim_answers_at_once_with_wake_urls_valid_by_the_spec(stack: Stack) -> None:
+    stack.plane.ensure_queue(QueueSpec("w1"))
+    admin = Identity("admin", "admin", ("*",))
+    started = time.monotonic()
+    answer = stack.service.claim(admin, {"queues": ["w1"], "worker": "w", "wait": 2.0})
+    assert time.monotonic() - started < 1.0  # not held, although max_wait is 2 s
+    assert answer["claims"] == []
+    wake = answer["wake"]
+    assert set(wake["urls"]) == set(wake["etags"]) == {"w1"}
+    assert f"/{K.wake_key('w1')}?" in wake["urls"]["w1"]
+    assert wake["interval"] == INTERVAL and wake["fallback"] == FALLBACK
+    spec = yaml.safe_load((ROOT / "infra" / "openapi.yaml").read_text())
+    schema = {"$ref": "#/components/schemas/ClaimAnswer", "components": spec["components"]}
+    assert not list(OAS31Validator(schema).iter_errors(answer))
+    # the second empty claim finds the mark set: the same object, no new PUT
+    puts = stack.wake_puts()
+    again = stack.service.claim(admin, {"queues": ["w1"], "worker": "w"})
+    assert again["wake"]["etags"] == wake["etags"]
+    assert stack.wake_puts() == puts
+
+
+# --- submits -------------------------------------------------------------------------------
+
+
+def test_a_submit_to_an_idle_queue_wakes_it_once_and_a_busy_queue_pays_nothing(
+    stack: Stack,
+) -> None:
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("busy"))
+    before = stack.wake_puts()
+    for _ in range(3):  # busy: every claim finds work
+        t.submit([job("busy"), job("busy")])
+        assert len(t.claim(["busy"], "w", limit=2)) == 2
+    assert stack.wake_puts() == before
+    assert t.claim(["busy"], "w") == []  # now idle: marked, object written once
+    marked = stack.wake_puts()
+    assert marked == before + 1
+    t.submit([job("busy")])  # the first submit wakes
+    assert stack.wake_puts() == marked + 1
+    t.submit([job("busy")])  # the mark is gone: no more PUTs
+    t.submit([job("busy"), job("busy")])
+    assert stack.wake_puts() == marked + 1
+
+
+def test_an_idle_worker_picks_a_submitted_job_within_the_interval(stack: Stack) -> None:
+    worker, producer = stack.transport(), stack.transport()
+    worker.ensure_queue(QueueSpec("idle"))
+    assert worker.claim(["idle"], "w", wait=0.0) == []  # idle: the watch starts
+    claims_before = stack.claims()
+    gets_before = stack.s3_calls["GetObject wake/"]  # the store's own reads: none
+    thread, got = claim_in_thread(worker, "idle", wait=FALLBACK - 0.2)
+    time.sleep(3 * INTERVAL + 0.1)
+    assert stack.claims() == claims_before  # watching S3, not asking the API
+    submitted = time.monotonic()
+    producer.submit([job("idle")])
+    thread.join(5)
+    claims, at = got[0]
+    assert len(claims) == 1 and claims[0].queue == "idle"
+    assert at - submitted <= INTERVAL + 0.3
+    assert stack.claims() == claims_before + 1
+    assert stack.s3_calls["GetObject wake/"] == gets_before
+
+
+def test_a_delayed_job_on_an_idle_queue_is_claimed_when_due_before_the_fallback(
+    stack: Stack,
+) -> None:
+    worker, producer = stack.transport(), stack.transport()
+    worker.ensure_queue(QueueSpec("later"))
+    assert worker.claim(["later"], "w", wait=0.0) == []
+    producer.submit([job("later", delay=0.6)])
+    submitted = time.monotonic()
+    claims = worker.claim(["later"], "w", wait=FALLBACK - 0.3)
+    assert len(claims) == 1
+    assert 0.5 <= time.monotonic() - submitted <= 0.6 + INTERVAL + 0.3
+
+
+# --- fallbacks -----------------------------------------------------------------------------
+
+
+class Forbidding(http.server.BaseHTTPRequestHandler):
+    """An S3 stand-in whose URLs have all expired."""
+
+    hits = 0
+
+    def do_GET(self) -> None:
+        Forbidding.hits += 1
+        self.send_response(403)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_a_url_answering_403_means_claim_now(stack: Stack) -> None:
+    worker, producer = stack.transport(), stack.transport()
+    worker.ensure_queue(QueueSpec("expired"))
+    assert worker.claim(["expired"], "w", wait=0.0) == []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forbidding)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        watch = worker._wakes[("expired",)]
+        _, etag = watch.objects["expired"]
+        watch.objects["expired"] = (f"http://127.0.0.1:{server.server_port}/wake/x", etag)
+        # work the wake object does not announce (written past the API)
+        stack.plane.submit([job("expired")])
+        claims_before, hits = stack.claims(), Forbidding.hits
+        started = time.monotonic()
+        claims = worker.claim(["expired"], "w", wait=FALLBACK - 0.3)
+        assert len(claims) == 1  # the 403 sent it to the plane at the first look
+        assert time.monotonic() - started <= INTERVAL + 0.3
+        assert Forbidding.hits == hits + 1
+        assert stack.claims() == claims_before + 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert producer is not None
+
+
+def test_work_no_submit_announced_is_claimed_at_the_fallback(stack: Stack) -> None:
+    """The process worker's loop (short claims, a stop flag): between fallbacks only
+    S3 looks; a job written past the API (no wake) waits at most the fallback."""
+    worker = stack.transport()
+    worker.ensure_queue(QueueSpec("quiet"))
+    stop = threading.Event()
+    assert worker.claim(["quiet"], "w", wait=0.0) == []
+    started = time.monotonic()
+    claims_before = stack.claims()
+    stack.plane.submit([job("quiet")])  # straight into the plane: the mark stays
+    got: list[Any] = []
+    while not got and time.monotonic() - started < FALLBACK + 2:
+        got = worker.claim(["quiet"], "w", wait=0.3, should_stop=stop.is_set)
+    took = time.monotonic() - started
+    assert len(got) == 1
+    assert FALLBACK - 0.1 <= took <= FALLBACK + INTERVAL + 0.3
+    assert stack.claims() == claims_before + 1  # one claim: the fallback's
+
+
+def test_an_empty_fallback_claim_renews_the_watch_and_stop_is_seen(stack: Stack) -> None:
+    worker = stack.transport()
+    worker.ensure_queue(QueueSpec("still"))
+    assert worker.claim(["still"], "w", wait=0.0) == []
+    before = stack.claims()
+    assert worker.claim(["still"], "w", wait=FALLBACK + 0.5) == []
+    assert stack.claims() == before + 1  # the fallback's claim, answered with a new watch
+    assert ("still",) in worker._wakes
+    stop = threading.Event()
+    stop.set()
+    started = time.monotonic()
+    assert worker.claim(["still"], "w", wait=5.0, should_stop=stop.is_set) == []
+    assert time.monotonic() - started < 0.7
+
+
+# --- planes without wake objects ---------------------------------------------------------------
+
+
+def test_sqlite_planes_have_no_wake_and_still_hold_claims() -> None:
+    plane = Plane(SqliteStore(":memory:"))
+    try:
+        assert wake_objects(plane.store) is None
+        service = Service(plane, limits=Limits(max_wait=1.0))
+        admin = Identity("admin", "admin", ("*",))
+        plane.ensure_queue(QueueSpec("s"))
+        started = time.monotonic()
+        answer = service.claim(admin, {"queues": ["s"], "worker": "w", "wait": 0.4})
+        assert answer == {"claims": []}
+        assert time.monotonic() - started >= 0.39  # held, as before
+        timer = threading.Timer(0.2, lambda: plane.submit([job("s")]))
+        timer.start()
+        started = time.monotonic()
+        answer = service.claim(admin, {"queues": ["s"], "worker": "w", "wait": 1.0})
+        assert len(answer["claims"]) == 1 and "wake" not in answer
+        assert 0.15 <= time.monotonic() - started < 0.8  # woken by the submit
+        assert "wake" not in service.submit(admin, {"invocations": [{"queue": "s", "ref": "m:f"}]})
+    finally:
+        plane.close()
