@@ -212,3 +212,40 @@ def test_a_daemon_follows_queue_and_concurrency_updates_without_restart(
     # And a restart under the same name keeps the identity and the plane's settings
     again = Daemon(dp, "gpu-1", state_dir=tmp_path).register()
     assert (again.id, again.queues, again.concurrency) == (daemon_id, ["late"], 2)
+
+
+def touch(path: str) -> dict[str, str]:
+    Path(path).write_text("ran")
+    return {"touched": path}
+
+
+def test_short_jobs_queued_behind_a_running_one_run_in_order_and_a_cancelled_one_never(
+    dp: dls.Dispatch, tmp_path: Path
+) -> None:
+    # Given a worker whose recent jobs were short (so it sends more behind a running one)
+    q = dls.SyncQueue("work", dispatch=dp)
+    with worker(dp, "work") as (w, _claimed):
+        for i in range(20):
+            assert q.result(q.submit(square, i), timeout=30) == i * i
+        # When a slow job is followed by short ones, all claimed at once
+        slow = q.submit(sleepy, 1.5)
+        marks = [str(tmp_path / f"mark-{i}") for i in range(5)]
+        shorts = [q.submit(touch, m) for m in marks]
+        wait_for(lambda: any(s.queued for s in w._slots) or q.status(shorts[0]) != "pending")
+        queued = [c.id for s in w._slots for c in s.queued]
+        assert queued, "the short jobs should wait in the child behind the slow one"
+        # And one of them is cancelled while it waits there
+        victim = queued[-1]
+        q.cancel(victim)
+        # Then the slow job and the others succeed; the cancelled one never ran
+        assert q.result(slow, timeout=30) == {"woke": True}
+        for inv, mark in zip(shorts, marks, strict=True):
+            if inv == victim:
+                with pytest.raises(dls.CancelledError):
+                    q.result(inv, timeout=30)
+            else:
+                assert q.result(inv, timeout=30) == {"touched": mark}
+        time.sleep(0.3)
+        assert not Path(marks[shorts.index(victim)]).exists()
+        # (and the worker still runs new work)
+        assert q.result(q.submit(square, 7), timeout=30) == 49

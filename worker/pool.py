@@ -59,6 +59,12 @@ _CHUNK = 16 * 1024
 _PREFETCH_SECONDS = 0.1
 #: weight of the newest job in the running average of job time
 _EMA = 0.2
+#: short jobs sent to a child behind the one it runs (it starts each as the last ends)
+_PIPELINE = 8
+#: a job running this long (seconds) gets the claims queued behind it handed back
+_HAND_BACK_AFTER = 0.25
+#: buffered claims no slot could start for this long (seconds) go back to the plane
+_BUFFER_MAX_WAIT = 1.0
 
 
 @dataclass
@@ -82,6 +88,15 @@ class _Slot:
     cancel_requested: bool = False
     #: when the running job was handed to the child (monotonic)
     started: float = 0.0
+    #: claims sent to the child behind the running one (short jobs without a timeout)
+    queued: deque[Claim] = field(default_factory=deque)
+    #: replace the child once it has run what it was sent
+    recycle: bool = False
+    #: claims taken back from ``queued`` that the child must not start: id → the claim
+    #: to hand back to the plane once the child confirms (None: cancelled, nothing to do)
+    skips: dict[str, Claim | None] = field(default_factory=dict)
+    #: ids of ``skips`` the child has not been told of yet
+    untold: set[str] = field(default_factory=set)
 
 
 class ProcessWorker:
@@ -131,6 +146,8 @@ class ProcessWorker:
         self.job_seconds: float | None = None
         #: claims leased and waiting for a free slot, oldest first
         self._ready: deque[Claim] = deque()
+        #: when each of them arrived (monotonic)
+        self._ready_since: dict[str, float] = {}
         #: outcomes waiting for the reporter
         self._done: list[tuple[Claim, Outcome]] = []
         self._reporting = False
@@ -152,13 +169,16 @@ class ProcessWorker:
     @property
     def running(self) -> int:
         """Jobs in flight now."""
-        return sum(1 for s in self._slots if s.claim is not None)
+        return sum((s.claim is not None) + len(s.queued) for s in self._slots)
 
     def _buffer_target(self) -> int:
         """Claims the buffer may hold now: ~``_PREFETCH_SECONDS`` of recent work."""
         seconds = self.job_seconds
         if seconds is None or seconds >= _PREFETCH_SECONDS:
             return 0
+        now = time.monotonic()
+        if any(s.claim is not None and now - s.started > _PREFETCH_SECONDS for s in self._slots):
+            return 0  # a job running long now says more than the average of the last ones
         per_slot = int(_PREFETCH_SECONDS / max(seconds, 1e-4))
         return min(self.prefetch, per_slot * self.concurrency)
 
@@ -274,8 +294,10 @@ class ProcessWorker:
                 self._beat_stop.wait(1.0)
                 continue
             if claims:
+                now = time.monotonic()
                 with self._cv:
                     self._ready.extend(claims)
+                    self._ready_since.update((c.id, now) for c in claims)
                 self._wake()
 
     def _wake(self) -> None:
@@ -283,21 +305,57 @@ class ProcessWorker:
             self._wake_w.send_bytes(b"")
 
     def _start_ready(self) -> None:
-        """Start buffered claims on the free slots, oldest first."""
+        """Start buffered claims on the free slots, oldest first; behind a short job
+        without a timeout, send a few more short ones so the child never waits on us."""
         for slot in self._slots:
-            if slot.claim is not None or slot.proc is None or self._stopping.is_set():
+            if slot.proc is None or self._stopping.is_set() or slot.killed:
                 continue
-            with self._cv:
-                if not self._ready:
+            if slot.claim is None:
+                claim = self._take_ready(lambda c: True)
+                if claim is None:
                     return
-                claim = self._ready.popleft()
-                self._cv.notify_all()  # room for the fetcher
-            self._start(slot, claim)
+                self._start(slot, claim)
+            while (
+                slot.claim is not None
+                and slot.claim.timeout is None
+                and len(slot.queued) < _PIPELINE
+                and self._buffer_target() > 0
+            ):
+                claim = self._take_ready(lambda c: c.timeout is None)
+                if claim is None:
+                    break
+                self._start(slot, claim, behind=True)
+
+    def _take_ready(self, fits: Callable[[Claim], bool]) -> Claim | None:
+        with self._cv:
+            if not self._ready or not fits(self._ready[0]):
+                return None
+            claim = self._ready.popleft()
+            self._ready_since.pop(claim.id, None)
+            self._cv.notify_all()  # room for the fetcher
+            return claim
+
+    def _release_stale(self, now: float) -> None:
+        """Buffered claims no slot could start for a while go back to the plane."""
+        with self._cv:
+            if not self._ready or now - self._ready_since.get(self._ready[0].id, now) < (
+                _BUFFER_MAX_WAIT
+            ):
+                return
+            stale = [c for c in self._ready if now - self._ready_since.get(c.id, now) >= 0.5]
+            for c in stale:
+                self._ready.remove(c)
+                self._ready_since.pop(c.id, None)
+            self._cv.notify_all()
+        for c in stale:
+            with contextlib.suppress(LakeshoreError):
+                self.transport.release(c.id, c.lease_token)
 
     def _hand_back_buffer(self) -> None:
         """Release the claims no slot has started (another worker may take them)."""
         with self._cv:
             waiting, self._ready = list(self._ready), deque()
+            self._ready_since.clear()
         for claim in waiting:
             with contextlib.suppress(LakeshoreError):
                 self.transport.release(claim.id, claim.lease_token)
@@ -346,6 +404,10 @@ class ProcessWorker:
         child.close()
         slot.proc, slot.conn = proc, parent
         slot.sent, slot.jobs, slot.killed, slot.pgid = set(), 0, None, None
+        slot.recycle = False
+        slot.queued.clear()
+        slot.skips.clear()
+        slot.untold.clear()
 
     def _retire(self, slot: _Slot) -> None:
         if slot.proc is None:
@@ -359,7 +421,7 @@ class ProcessWorker:
         slot.conn.close()
         slot.proc = None
 
-    def _start(self, slot: _Slot, claim: Claim) -> None:
+    def _start(self, slot: _Slot, claim: Claim, *, behind: bool = False) -> None:
         blobs: dict[str, bytes] = {}
         fn = _fn_of(claim)
         try:
@@ -378,6 +440,19 @@ class ProcessWorker:
             }
             self._record(claim, Outcome(ok=False, error=error, retryable=False))
             return
+        if behind:
+            with self._lock:
+                slot.queued.append(claim)
+        else:
+            self._begin(slot, claim)
+        slot.conn.send(("run", claim, blobs))
+        if fn is not None:
+            slot.sent.add(fn)
+        if self._on_claimed is not None:
+            self._on_claimed(claim)
+
+    def _begin(self, slot: _Slot, claim: Claim) -> None:
+        """``claim`` is the job the slot's child runs now."""
         logs.event(
             log, "job.started", claim.id, queue=claim.queue, worker=self.worker_id,
             attempt=claim.attempt,
@@ -387,11 +462,13 @@ class ProcessWorker:
             slot.started = time.monotonic()
             slot.deadline = time.monotonic() + claim.timeout if claim.timeout else None
             slot.out, slot.out_n, slot.cancel_requested = [], 0, False
-        slot.conn.send(("run", claim, blobs))
-        if fn is not None:
-            slot.sent.add(fn)
-        if self._on_claimed is not None:
-            self._on_claimed(claim)
+
+    def _next_in_child(self, slot: _Slot) -> None:
+        """The child starts the next claim it was sent as soon as one ends."""
+        with self._lock:
+            nxt = slot.queued.popleft() if slot.queued else None
+        if nxt is not None:
+            self._begin(slot, nxt)
 
     def _blob(self, digest: str) -> bytes:
         data = self._blob_cache.get(digest)
@@ -430,6 +507,9 @@ class ProcessWorker:
 
     def _message(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
+        if msg[1] in slot.skips and kind in ("skipped", "done"):
+            self._skip_answered(slot, msg)
+            return
         claim = slot.claim
         if claim is None or msg[1] != claim.id:
             return  # from a job we already gave up on
@@ -444,13 +524,30 @@ class ProcessWorker:
             _, _, outcome, rss_mb = msg
             self._flush_output(slot)
             self._finish(slot, outcome)
+            self._next_in_child(slot)
             slot.jobs += 1
-            recycle = (self.max_jobs_per_child and slot.jobs >= self.max_jobs_per_child) or (
-                self.max_child_rss_mb and rss_mb > self.max_child_rss_mb
+            slot.recycle = slot.recycle or bool(
+                (self.max_jobs_per_child and slot.jobs >= self.max_jobs_per_child)
+                or (self.max_child_rss_mb and rss_mb > self.max_child_rss_mb)
             )
-            if recycle:
+            if slot.recycle and slot.claim is None:
                 self._retire(slot)
                 self._spawn(slot)
+
+    def _skip_answered(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
+        """The child's answer about a claim taken back from behind a running job."""
+        with self._lock:
+            claim = slot.skips.pop(msg[1])
+            slot.untold.discard(msg[1])
+        if msg[0] == "skipped":
+            if claim is not None:  # handed back untried
+                with contextlib.suppress(LakeshoreError):
+                    self.transport.release(claim.id, claim.lease_token)
+            return
+        # It had started before the child heard of the skip: report what it did (the
+        # plane refuses it if it was cancelled meanwhile).
+        if claim is not None:
+            self._record(claim, msg[2])
 
     def _finish(self, slot: _Slot, outcome: Outcome) -> None:
         """Free the slot now; the outcome is reported with the others of this round."""
@@ -475,6 +572,12 @@ class ProcessWorker:
             slot.proc.join(timeout=5)  # its pipe can close before it is reaped
             code = slot.proc.exitcode
         claim, reason = slot.claim, slot.killed
+        with self._lock:
+            behind = [*slot.queued, *(c for c in slot.skips.values() if c is not None)]
+            slot.queued, slot.skips, slot.untold = deque(), {}, set()
+        for waiting in behind:  # never started: hand them back untried
+            with contextlib.suppress(LakeshoreError):
+                self.transport.release(waiting.id, waiting.lease_token)
         self._flush_output(slot)
         self._retire(slot)
         if claim is not None and reason is None:
@@ -512,7 +615,22 @@ class ProcessWorker:
 
     def _enforce(self) -> None:
         now = time.monotonic()
+        self._release_stale(now)
         for slot in self._slots:
+            if slot.queued and slot.claim is not None and now - slot.started > _HAND_BACK_AFTER:
+                # The running job turned out long: what waits behind it goes back to
+                # the plane, for another slot or worker to take.
+                with self._lock:
+                    for c in slot.queued:
+                        slot.skips[c.id] = c
+                        slot.untold.add(c.id)
+                    slot.queued.clear()
+            if slot.untold and slot.proc is not None:
+                with self._lock:
+                    untold, slot.untold = slot.untold, set()
+                for inv_id in untold:
+                    with contextlib.suppress(OSError, ValueError):
+                        slot.conn.send(("skip", inv_id))
             if slot.claim is None or slot.killed:
                 continue
             if slot.cancel_requested:
@@ -526,10 +644,14 @@ class ProcessWorker:
             if claim is None:
                 continue
             self._kill(slot, "cold")
-            with contextlib.suppress(LakeshoreError):
-                self.transport.release(claim.id, claim.lease_token)
             with self._lock:
+                skipped = [c for c in slot.skips.values() if c is not None]
+                held, slot.queued = [claim, *slot.queued, *skipped], deque()
+                slot.skips, slot.untold = {}, set()
                 slot.claim = None
+            for c in held:
+                with contextlib.suppress(LakeshoreError):
+                    self.transport.release(c.id, c.lease_token)
 
     # ------------------------------------------------------------------ output
     def _buffer(self, slot: _Slot, stream: str, text: str) -> None:
@@ -554,6 +676,8 @@ class ProcessWorker:
                 held: list[tuple[_Slot | None, Claim]] = [
                     (s, s.claim) for s in self._slots if s.claim is not None
                 ]
+                behind = [(s, c) for s in self._slots for c in s.queued]
+            held += behind
             with self._cv:
                 held += [(None, c) for c in self._ready]
             for slot, claim in held:
@@ -568,10 +692,15 @@ class ProcessWorker:
                 if slot is None:  # still buffered: never start it
                     with self._cv, contextlib.suppress(ValueError):
                         self._ready.remove(claim)
+                        self._ready_since.pop(claim.id, None)
                     continue
                 with self._lock:
                     if slot.claim is claim:
                         slot.cancel_requested = True
+                    elif claim in slot.queued:  # the main loop tells the child
+                        slot.queued.remove(claim)
+                        slot.skips[claim.id] = None
+                        slot.untold.add(claim.id)
 
 
 # ---------------------------------------------------------------------- child side
@@ -652,15 +781,35 @@ def _child_main(
     sys.stdout, sys.stderr = out, err
     source = _Blobs(inline_limit)
     executor = Executor(source)
+    inbox: deque[tuple[Any, ...]] = deque()
+    skipped: set[str] = set()
+    bodies: set[str] = set()
     while True:
         try:
-            msg = conn.recv()
+            # Read all that came (a skip may follow the run it cancels), then take one.
+            if not inbox:
+                inbox.append(conn.recv())
+            while conn.poll():
+                inbox.append(conn.recv())
         except EOFError:
             return
+        for m in [m for m in inbox if m[0] == "skip"]:  # before any run they cancel
+            skipped.add(m[1])
+            inbox.remove(m)
+        if not inbox:
+            continue
+        msg = inbox.popleft()
         if msg[0] == "stop":
             return
         _, claim, blobs = msg
+        fn = _fn_of(claim)
+        if fn is not None and fn in blobs:
+            bodies.add(fn)  # the parent sends a body once: keep it even if this is skipped
         source.blobs.update(blobs)
+        if claim.id in skipped:
+            skipped.discard(claim.id)
+            pipe.send(("skipped", claim.id))
+            continue
         job = claim.id
         out.job = err.job = job
 
@@ -680,8 +829,8 @@ def _child_main(
         out.flush()
         err.flush()
         out.job = err.job = None
-        for digest in [d for d in source.blobs if d != _fn_of(claim)]:
-            source.blobs.pop(digest, None)  # keep bodies only in the executor's cache
+        for digest in [d for d in source.blobs if d not in bodies]:
+            source.blobs.pop(digest, None)  # argument blobs go; function bodies stay
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         pipe.send(("done", job, outcome, rss_mb))
 
