@@ -33,7 +33,7 @@ import threading
 import warnings
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from . import batching as _batch
 from . import config, context, logs
@@ -375,8 +375,9 @@ class Queue(_QueueHandle):
         ``ExpiredInvocation``.
         """
         transport = self.dispatch.transport
-        if isinstance(transport, AsyncResults):
-            return await transport.aresult(inv_id, timeout)
+        # (a runtime Protocol check costs ~20 µs: too much for a gather of thousands)
+        if hasattr(transport, "aresult"):
+            return await cast(AsyncResults, transport).aresult(inv_id, timeout)
         rec = await self._wait_async(inv_id, timeout)
         return outcome(rec, transport)
 

@@ -381,9 +381,32 @@ class ProcessWorker:
 
     def _record(self, claim: Claim, outcome: Outcome) -> None:
         with self._cv:
-            self._done.append((claim, outcome))
             self.completed += 1
-            self._cv.notify_all()
+            # The only outcome and nothing else to do: report it from here, which saves
+            # the hand-over to the reporter on a lone job's path. Otherwise the
+            # reporter sends it with the others.
+            alone = (
+                not self._done
+                and not self._reporting
+                and not self._ready
+                and self.running == 0
+                and outcome.ok
+                and outcome.manifest is None
+            )
+            if alone:
+                self._reporting = True
+            else:
+                self._done.append((claim, outcome))
+                self._cv.notify_all()
+        if alone:
+            try:
+                report_many(self.dispatch, [(claim, outcome)])
+            except Exception:
+                log.exception("lakeshore worker: reporting %s failed", claim.id)
+            finally:
+                with self._cv:
+                    self._reporting = False
+                    self._cv.notify_all()
 
     # ------------------------------------------------------------------ slots
     def _spawn(self, slot: _Slot) -> None:
