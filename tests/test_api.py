@@ -264,9 +264,8 @@ def test_priority_queues_take_priority_from_ref_kwargs(api: Api) -> None:
 def test_wait_returns_finished_views_and_times_out_empty(api: Api) -> None:
     producer, worker = api.client("producer"), api.client("worker")
     a, b = submit_ref(producer, "q", 1.0), submit_ref(producer, "q", 4.0)
-    assert producer.call("POST", "/v1/invocations/wait", {"ids": [a, b], "timeout": 0.05}).body == {
-        "invocations": []
-    }
+    first = producer.call("POST", "/v1/invocations/wait", {"ids": [a, b], "timeout": 0.05}).body
+    assert first["invocations"] == [] and isinstance(first["cursor"], float)
     (claim,) = worker.call("POST", "/v1/claims", {"queues": ["q"], "worker": "w"}).body["claims"]
     worker.call(
         "POST",
@@ -285,6 +284,14 @@ def test_wait_returns_finished_views_and_times_out_empty(api: Api) -> None:
         "invocations"
     ]
     assert [v["id"] for v in views] == [a]
+    # With the first answer's cursor the plane looks only at what finished since: a
+    # finished after it, so it is there; with a cursor after a's finish, it is not.
+    since = {"ids": [a, b], "timeout": 0.05, "since": first["cursor"]}
+    assert [
+        v["id"] for v in producer.call("POST", "/v1/invocations/wait", since).body["invocations"]
+    ] == [a]
+    later = {**since, "since": first["cursor"] + 3600}
+    assert producer.call("POST", "/v1/invocations/wait", later).body["invocations"] == []
 
 
 def test_failures_heartbeats_and_stale_leases_answer_per_item(api: Api) -> None:

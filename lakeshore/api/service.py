@@ -399,7 +399,7 @@ class Service:
 
     def wait(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require("producer")
-        body = fields(body, {"ids": list, "timeout": _NUM}, required=("ids",))
+        body = fields(body, {"ids": list, "timeout": _NUM, "since": _NUM}, required=("ids",))
         ids = body["ids"]
         if (
             not ids
@@ -411,9 +411,12 @@ class Service:
             for rec in self.plane.get_many(ids):
                 ident.check_queue(rec.queue)
         timeout = min(max(0.0, float(body.get("timeout", 0.0))), self.limits.max_wait)
-        done = self.plane.wait(ids, timeout)
+        since = body.get("since")
+        # The cursor for the caller's next wait on these ids, taken before this one looks.
+        cursor = self.plane.wait_cursor()
+        done = self.plane.wait(ids, timeout, since=None if since is None else float(since))
         now = self.plane.now()
-        return {"invocations": [invocation_view(r, now) for r in done]}
+        return {"invocations": [invocation_view(r, now) for r in done], "cursor": cursor}
 
     def cancel(self, ident: Identity, inv_id: str) -> dict[str, Any]:
         rec = self._readable(ident, inv_id)

@@ -204,6 +204,11 @@ class _Poller:
         self.kicked = False
         self.conn: http.client.HTTPConnection | None = None
         self.thread = threading.Thread(target=self._run, name="lakeshore-watch", daemon=True)
+        #: the plane's cursor from the last answer (None: the plane gives none)
+        self.cursor: float | None = None
+        #: ids some answer has covered in full; a poll of only these sends the cursor,
+        #: so the plane reads what finished since rather than every id
+        self.checked: set[str] = set()
 
     def kick(self) -> None:
         """End the poll in flight now (called with the hub's lock held)."""
@@ -251,8 +256,10 @@ class _Poller:
                 if not snapshot:
                     continue
                 self.inflight, self.kicked = snapshot, False
+            self.checked &= snapshot
+            since = self.cursor if snapshot <= self.checked else None
             try:
-                records = self._poll(conn, sorted(snapshot), timeout)
+                records = self._poll(conn, sorted(snapshot), timeout, since)
             except Exception as exc:
                 kicked = self._settle()
                 conn.close()
@@ -298,15 +305,27 @@ class _Poller:
         return self.conn
 
     def _poll(
-        self, conn: http.client.HTTPConnection, ids: list[str], timeout: float
+        self,
+        conn: http.client.HTTPConnection,
+        ids: list[str],
+        timeout: float,
+        since: float | None,
     ) -> list[Invocation]:
         transport = self.hub.transport
         target = transport._target("/v1/invocations/wait")
-        body, headers = transport._encode(target, {"ids": ids, "timeout": timeout})
+        ask: dict[str, object] = {"ids": ids, "timeout": timeout}
+        if since is not None:
+            ask["since"] = since
+        body, headers = transport._encode(target, ask)
         answer = request_once(conn, "POST", target, body, headers, transport.timeout + timeout)
         expect_ok(answer)
+        got = decode_map(answer)
+        cursor = got.get("cursor")
+        self.cursor = float(cursor) if isinstance(cursor, int | float) else None
+        if since is None:
+            self.checked.update(ids)
         now = transport.now()
-        return invocations_in(decode_map(answer), now)
+        return invocations_in(got, now)
 
     def _recheck(self, ids: frozenset[str]) -> None:
         """A wait refused an unknown id (a queue deleted with force): find it, drop it."""

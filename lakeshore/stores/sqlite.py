@@ -75,6 +75,8 @@ CREATE INDEX IF NOT EXISTS inv_leases ON invocations (lease_expires_at)
     WHERE state = 'running';
 CREATE INDEX IF NOT EXISTS inv_running ON invocations (queue) WHERE state = 'running';
 CREATE INDEX IF NOT EXISTS inv_queue_state ON invocations (queue, state);
+CREATE INDEX IF NOT EXISTS inv_finished ON invocations (finished_at)
+    WHERE finished_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS inv_expires ON invocations (expires_at)
     WHERE expires_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS logs (
@@ -350,6 +352,18 @@ class SqliteStore:
         known = {r[0]: r[2] for r in rows}
         done = [r[0] for r in rows if r[1] in _FINISHED_STATES]
         return known, self.get_many(done) if done else []
+
+    def finished_since(self, ids: Sequence[str], since: float) -> list[Invocation]:
+        """The records among ``ids`` that finished at or after ``since`` (by the index
+        of finish times: the cost follows what finished lately, not ``len(ids)``)."""
+        wanted = set(ids)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM invocations INDEXED BY inv_finished WHERE finished_at >= ?",
+                (since,),
+            ).fetchall()
+        hits = [r[0] for r in rows if r[0] in wanted]
+        return [r for r in self.get_many(hits) if r.state in FINISHED] if hits else []
 
     def update_if(
         self,
