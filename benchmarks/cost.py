@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/cost.py [--jobs 100] [--sizes 100,1024,10240,1048576]
                                         [--batches 1,10,100] [--idle-seconds 20]
-                                        [--idle-waits 2,0] [--no-keep-payload]
+                                        [--idle-waits 2,0] [--wake-pickups 5]
+                                        [--no-keep-payload]
 
 Runs submit → claim → complete → result through the real stack in one process: the
 SDK's HTTP transport (``HttpTransport``) → the Lambda handler's router (``make_app``)
@@ -18,12 +19,15 @@ template.yaml). Every request is counted where it is made:
   computed from item sizes (moto does not bill): the item before and after each write
   is read back through a second, uncounted client, and every global secondary index the
   write adds, changes or removes an entry of is billed as DynamoDB bills it;
-- presigned S3 transfers (blobs) go to moto's S3 through the same counted client.
+- presigned S3 transfers (blobs, wake objects) go to moto's S3 through the same counted
+  client.
 
 Then the figures per job are priced (:data:`PRICES`) and printed as a Markdown table,
 beside SQS's price for the same lifecycle (3 requests), with a per-phase breakdown of a
 1 KB job. Then a day of an idle worker: the process worker's claim loop
-(``worker/pool.py``) against planes of a few ``max_wait`` settings (``--idle-waits``,
+(``worker/pool.py``) on the plane as it is (wake objects: one fallback period of real
+time, then ``--wake-pickups`` timed submits), against planes without wake objects that
+hold claims for a few ``max_wait`` settings (``--idle-waits``,
 ``--idle-seconds`` of real time each), client-side polling at a few intervals, a worker
 on ``aws://`` and the scheduled sweep. docs/cost.md explains the method and the figures.
 """
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import threading
 import time
 from collections import Counter
@@ -546,8 +551,13 @@ class LocalApi:
             self.routes[route] += 1
         return Answer(status, {k.lower(): v for k, v in pairs}, answer)
 
-    def s3_call(self, method: str, url: str, body: bytes | None) -> Any:
-        """A presigned URL, served by (moto's) S3 through the counted client."""
+    def s3_call(
+        self, method: str, url: str, body: bytes | None, headers: Mapping[str, str] | None = None
+    ) -> Any:
+        """A presigned URL, served by (moto's) S3 through the counted client (a GET with
+        ``If-None-Match`` answers 304 when the ETag still matches)."""
+        from botocore.exceptions import ClientError  # type: ignore[import-untyped]
+
         from dreamlake.lakeshore.http.connections import Answer
 
         parts = urlsplit(url)
@@ -556,7 +566,17 @@ class LocalApi:
         if method == "PUT":
             self.s3.put_object(Bucket=bucket, Key=key, Body=body or b"")
             return Answer(200, {}, b"")
-        data = self.s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        extra = {}
+        etag = (headers or {}).get("If-None-Match")
+        if etag:
+            extra["IfNoneMatch"] = etag
+        try:
+            data = self.s3.get_object(Bucket=bucket, Key=key, **extra)["Body"].read()
+        except ClientError as exc:
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            if status in (304, 403, 404):
+                return Answer(status, {}, b"")
+            raise
         return Answer(200, {}, data)
 
 
@@ -570,7 +590,7 @@ def local_transport(api: LocalApi, token: str) -> Any:
         ) -> Any:
             if target.own:
                 return api.call(method, target.path, headers, body or b"")
-            return api.s3_call(method, self._url_of(target), body)
+            return api.s3_call(method, self._url_of(target), body, headers)
 
     return LocalTransport("https://api.local", token, retries=0)
 
@@ -599,11 +619,16 @@ KEEP_PAYLOAD = True
 
 
 @contextmanager
-def aws_stack(*, max_wait: float = 20.0, real_time: bool = False) -> Iterator[Stack]:
+def aws_stack(
+    *, max_wait: float = 20.0, real_time: bool = False, wake: bool = True, limits: Any = None
+) -> Iterator[Stack]:
     """A fresh moto account with the template's tables and bucket, the plane on the
     DynamoDB store and the API over it (``max_wait``: how long the plane may hold a
     claim or wait). The plane's clock starts at :data:`T0` and moves :data:`STEP` per
-    API request, unless ``real_time`` (then it is the system clock)."""
+    API request, unless ``real_time`` (then it is the system clock). ``wake=False``
+    takes the wake-object capability from the store (the idle rows of the designs it
+    replaced: claims held inside the function, or polled). ``limits``: the API's
+    (``max_wait`` is then ignored)."""
     import boto3  # type: ignore[import-untyped]
 
     from dreamlake.lakeshore.api import Service, bootstrap_admin
@@ -619,11 +644,14 @@ def aws_stack(*, max_wait: float = 20.0, real_time: bool = False) -> Iterator[St
             boto3.client("dynamodb", region_name=region), boto3.client("s3", region_name=region)
         )
         clock = FakeClock(time.time() if real_time else T0)
-        store = DynamoStore(resources, dynamodb=ddb, s3=s3)
+        store = (
+            DynamoStore(resources, dynamodb=ddb, s3=s3) if wake else _no_wake(resources, ddb, s3)
+        )
         plane = Plane(store, clock=clock, keep_payload=KEEP_PAYLOAD)
         token = bootstrap_admin(plane)
         assert token is not None
-        service = Service(plane, limits=Limits(max_wait=max_wait), server="lakeshore cost")
+        limits = limits or Limits(max_wait=max_wait)
+        service = Service(plane, limits=limits, server="lakeshore cost")
 
         def step() -> None:
             if real_time:
@@ -638,6 +666,17 @@ def aws_stack(*, max_wait: float = 20.0, real_time: bool = False) -> Iterator[St
         finally:
             meter.detach(ddb, s3)
             plane.close()
+
+
+def _no_wake(resources: Any, ddb: Any, s3: Any) -> Any:
+    """The DynamoDB store without the wake-object capability (claims held or polled,
+    as before it)."""
+    from dreamlake.lakeshore.stores.dynamo import DynamoStore
+
+    class NoWake(DynamoStore):
+        queue_and_idle = mark_idle = wake = wake_url = None  # type: ignore[assignment]
+
+    return NoWake(resources, dynamodb=ddb, s3=s3)
 
 
 # --- the lifecycle -------------------------------------------------------------------------
@@ -775,7 +814,7 @@ def idle_worker(max_wait: float, seconds: float, *, max_idle_wait: float = 2.0) 
     ``max_wait`` seconds."""
     from dreamlake.lakeshore.plane.model import QueueSpec
 
-    with aws_stack(max_wait=max_wait, real_time=True) as stack:
+    with aws_stack(max_wait=max_wait, real_time=True, wake=False) as stack:
         worker = stack.transport()
         worker.ensure_queue(QueueSpec("idle"))
         stop = threading.Event()
@@ -807,7 +846,7 @@ def idle_polls(interval: float, *, via_api: bool = True, polls: int = 30) -> Fig
     worker in AWS on ``aws://`` (the plane core in the worker, no API, no Lambda)."""
     from dreamlake.lakeshore.plane.model import QueueSpec
 
-    with aws_stack(max_wait=0.0) as stack:
+    with aws_stack(max_wait=0.0, wake=False) as stack:
         worker = stack.transport() if via_api else stack.plane
         worker.ensure_queue(QueueSpec("idle"))
 
@@ -821,6 +860,63 @@ def idle_polls(interval: float, *, via_api: bool = True, polls: int = 30) -> Fig
             for _ in range(polls):
                 poll()
         return got.scaled(polls * interval / 86400)
+
+
+def idle_wake(*, pickups: int = 5) -> tuple[Figures, list[float]]:
+    """A day of an idle process worker on a plane with wake objects (the template's
+    settings: ``Limits.wake_interval`` and ``wake_fallback``), and its pickup latency.
+
+    The worker runs ``worker/pool.py``'s claim loop (claims of ``max_idle_wait`` 2 s
+    with a stop flag) on real time. Counted: one fallback period, from the loop's first
+    (empty) claim on, which starts the watch, through its S3 looks, scaled to a day. Then
+    ``pickups`` times: a submit at a random moment of an idle period, and the seconds
+    until the worker's claim returns it."""
+    import random
+
+    from dreamlake.lakeshore.api.service import Limits
+    from dreamlake.lakeshore.plane.model import QueueSpec, Submission
+    from dreamlake.lakeshore.submit import new_id
+    from dreamlake.lakeshore.wire import encode_ref_call
+
+    limits = Limits()
+    with aws_stack(real_time=True, limits=limits) as stack:
+        worker, producer = stack.transport(), stack.transport()
+        worker.ensure_queue(QueueSpec("idle"))
+        stop = threading.Event()
+        claimed: list[float] = []
+
+        def loop() -> None:
+            while not stop.is_set():
+                got = worker.claim(
+                    ["idle"], "w", limit=1, wait=2.0, lease_seconds=60, should_stop=stop.is_set
+                )
+                if got:
+                    claimed.append(time.monotonic())
+                    worker.complete(got[0].id, got[0].lease_token, b"")
+
+        # another client marks the queue idle first: the worker's first claim is then
+        # the steady state's claim (the mark set already, the object's ETag read)
+        assert not producer.claim(["idle"], "p", limit=1, wait=0.0)
+        worker.hello()  # once per process, not per period
+        with stack.meter.measure() as got:  # one period: its claim, then its S3 looks
+            fetcher = threading.Thread(target=loop)
+            fetcher.start()
+            time.sleep(limits.wake_fallback - 0.5)
+            assert worker._wakes, "the worker watches"
+        day = got.scaled((limits.wake_fallback - 0.5) / 86400)
+        latencies = []
+        payload = encode_ref_call("math:sqrt", (4.0,), {}).payload
+        for _ in range(pickups):
+            time.sleep(random.uniform(0.0, limits.wake_interval))
+            before = len(claimed)
+            submitted = time.monotonic()
+            producer.submit([Submission(new_id(), "idle", payload)])
+            while len(claimed) == before:
+                time.sleep(0.01)
+            latencies.append(claimed[-1] - submitted)
+        stop.set()
+        fetcher.join()
+        return day, latencies
 
 
 def idle_sweep() -> Figures:
@@ -892,17 +988,18 @@ def phase_table(run: Run) -> str:
 
 def idle_table(days: Mapping[str, Figures]) -> str:
     head = (
-        "| idle, per day | API requests | Lambda GB-s | DynamoDB RRU "
-        "| API $ | Lambda + logs $ | DynamoDB $ | **total $/day** |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| idle, per day | API requests | S3 requests | Lambda GB-s | DynamoDB RRU "
+        "| API $ | Lambda + logs $ | DynamoDB $ | S3 $ | **total $/day** |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     rows = []
     for name, f in days.items():
         d = f.dollars()
+        s3 = f.s3("put") + f.s3("get")
         rows.append(
-            f"| {name} | {f.api_metered:,.0f} | {f.lambda_seconds * LAMBDA_GB:,.0f} | {f.rru:,.0f} "
-            f"| {d['api']:.4f} | {d['lambda'] + d['logs']:.4f} | {d['dynamodb']:.4f} "
-            f"| **{sum(d.values()):.4f}** |"
+            f"| {name} | {f.api_metered:,.0f} | {s3:,.0f} | {f.lambda_seconds * LAMBDA_GB:,.0f} "
+            f"| {f.rru:,.0f} | {d['api']:.4f} | {d['lambda'] + d['logs']:.4f} "
+            f"| {d['dynamodb']:.4f} | {d['s3']:.4f} | **{sum(d.values()):.4f}** |"
         )
     return head + "\n".join(rows) + "\n"
 
@@ -917,6 +1014,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument(
         "--idle-waits", default="2,0", help="plane max_wait settings for the held-claim rows"
+    )
+    parser.add_argument(
+        "--wake-pickups",
+        type=int,
+        default=5,
+        help="submits to an idle queue timed on the wake-object row (0 skips the row, "
+        "which runs one fallback period of real time: 120 s)",
     )
     parser.add_argument(
         "--no-keep-payload",
@@ -940,12 +1044,35 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(phase_table(run))
     if args.idle_seconds > 0:
         print("## Idle\n")
-        print(idle_table(idle_rows(args.idle_seconds, args.idle_waits.split(","))))
+        rows, pickups = idle_rows(args.idle_seconds, args.idle_waits.split(","), args.wake_pickups)
+        print(idle_table(rows))
+        if pickups:
+            print(
+                f"Pickup on the wake-object row (submit to an idle queue → claimed by the "
+                f"worker), {len(pickups)} submits: mean {statistics.mean(pickups):.2f} s, "
+                f"max {max(pickups):.2f} s.\n"
+            )
 
 
-def idle_rows(seconds: float, waits: Sequence[str]) -> dict[str, Figures]:
-    """A day of idling, for today's settings and the proposed ones."""
-    rows = {
+def idle_rows(
+    seconds: float, waits: Sequence[str], pickups: int = 5
+) -> tuple[dict[str, Figures], list[float]]:
+    """A day of idling for the wake-object design and the designs before it, and the
+    wake row's pickup latencies."""
+    from dreamlake.lakeshore.api.service import Limits
+
+    rows: dict[str, Figures] = {}
+    latencies: list[float] = []
+    if pickups > 0:
+        limits = Limits()
+        (
+            rows[
+                f"HTTP API, wake objects: S3 GET every {limits.wake_interval:g} s, claim every "
+                f"{limits.wake_fallback:g} s (pool.py)"
+            ],
+            latencies,
+        ) = idle_wake(pickups=pickups)
+    rows |= {
         f"HTTP API, plane max_wait {float(w):g} s, worker backoff to 2 s (pool.py)": idle_worker(
             float(w), seconds
         )
@@ -961,7 +1088,7 @@ def idle_rows(seconds: float, waits: Sequence[str]) -> dict[str, Figures]:
             interval, via_api=False
         )
     rows["the plane: scheduled sweep once a minute"] = idle_sweep().scaled(1 / 1440)
-    return rows
+    return rows, latencies
 
 
 if __name__ == "__main__":
