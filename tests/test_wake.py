@@ -339,3 +339,20 @@ def test_sqlite_planes_have_no_wake_and_still_hold_claims() -> None:
         assert "wake" not in service.submit(admin, {"invocations": [{"queue": "s", "ref": "m:f"}]})
     finally:
         plane.close()
+
+
+def test_a_worker_watching_before_its_queue_exists_is_woken_by_the_creating_submit(
+    stack: Stack,
+) -> None:
+    worker, producer = stack.transport(), stack.transport()
+    assert worker.claim(["fresh"], "w", wait=0.0) == []  # no such queue: nothing marked
+    watch = worker._wakes[("fresh",)]
+    assert watch.claim_at - time.monotonic() <= 4 * INTERVAL  # looks again soon
+    thread, got = claim_in_thread(worker, "fresh", wait=FALLBACK)
+    time.sleep(INTERVAL / 2)
+    submitted = time.monotonic()
+    producer.submit([job("fresh")])  # creates the queue, and rewrites its object
+    thread.join(5)
+    claims, at = got[0]
+    assert len(claims) == 1
+    assert at - submitted <= INTERVAL + 0.3

@@ -306,8 +306,9 @@ class Service:
                     self.plane.delete_queue(name)
             raise
         if wakes is not None:
-            for name in idle:
-                if wakes.wake(name):
+            # a new queue had no mark, but workers may watch it since before it existed
+            for name in [*idle, *created]:
+                if wakes.wake(name, created=name in created):
                     logs.event(_log, "queue.woken", queue=name)
         per_queue: dict[str, int] = {}
         for sub in subs:
@@ -538,7 +539,8 @@ class Service:
         of these queues comes due sooner (claim then).
         """
         now = self.plane.now()
-        etags = {q: wakes.mark_idle(q, now) for q in dict.fromkeys(queues)}
+        marked = {q: wakes.mark_idle(q, now) for q in dict.fromkeys(queues)}
+        etags = {q: etag or "" for q, etag in marked.items()}
         if open_queues:
             claims = self.plane.claim(open_queues, worker, limit=limit, lease_seconds=lease)
             if claims:
@@ -549,6 +551,11 @@ class Service:
             "interval": self.limits.wake_interval,
             "fallback": self.limits.wake_fallback,
         }
+        if None in marked.values():
+            # a queue that does not exist has no mark: a queue made by PATCH/POST
+            # /v1/queues wakes no one, so look again soon (a submit that creates one
+            # rewrites its object)
+            wake["fallback"] = min(self.limits.wake_fallback, 4 * self.limits.wake_interval)
         due = [t for q in open_queues if (t := self.plane.store.next_available_at(q)) is not None]
         if due:
             wake["due_in"] = max(0.0, min(due) - now)

@@ -189,14 +189,17 @@ class WakeObjects(Protocol):
         in one read."""
         ...
 
-    def mark_idle(self, name: str, now: float) -> str:
+    def mark_idle(self, name: str, now: float) -> str | None:
         """Mark the queue idle unless it is, make sure its wake object exists, and
-        return the object's ETag (as of after the mark)."""
+        return the object's ETag (as of after the mark); None if there is no such
+        queue (nothing to mark)."""
         ...
 
-    def wake(self, name: str) -> bool:
+    def wake(self, name: str, *, created: bool = False) -> bool:
         """If the queue is marked idle, clear the mark and rewrite its wake object (a
-        new ETag); True if this call did. Atomic: of racing calls one wakes."""
+        new ETag); True if this call did. Atomic: of racing calls one wakes. With
+        ``created`` (the caller just created the queue, which had no mark to set)
+        rewrite the object regardless."""
         ...
 
     def wake_url(self, name: str, ttl: int) -> str:

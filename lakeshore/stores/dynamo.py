@@ -261,7 +261,7 @@ class DynamoStore(DynamoExtras):
                 return _spec(out["Item"]), K.Q_IDLE in out["Item"]
         return None, False
 
-    def mark_idle(self, name: str, now: float) -> str:
+    def mark_idle(self, name: str, now: float) -> str | None:
         """Set the mark unless it is set (a refused condition when it is: one write
         unit); then the object's ETag: written now if the mark is new, else read (HEAD),
         written if missing."""
@@ -273,6 +273,8 @@ class DynamoStore(DynamoExtras):
             {":t": num(now)},
         )
         if not newly:
+            if self._queue_read(name)[0] is None:
+                return None
             try:
                 head = self._s3.head_object(Bucket=self._bucket, Key=K.wake_key(name))
                 return str(head["ETag"])
@@ -281,8 +283,10 @@ class DynamoStore(DynamoExtras):
                     raise
         return self._put_wake(name)
 
-    def wake(self, name: str) -> bool:
-        woke = self._update_queue(name, "REMOVE #i", "attribute_exists(#i)", {"#i": K.Q_IDLE}, {})
+    def wake(self, name: str, *, created: bool = False) -> bool:
+        woke = created or self._update_queue(
+            name, "REMOVE #i", "attribute_exists(#i)", {"#i": K.Q_IDLE}, {}
+        )
         if woke:
             self._put_wake(name)
         return woke
