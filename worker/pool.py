@@ -148,6 +148,8 @@ class ProcessWorker:
         self._ready: deque[Claim] = deque()
         #: when each of them arrived (monotonic)
         self._ready_since: dict[str, float] = {}
+        #: when a slot last started a job (monotonic)
+        self._last_start = 0.0
         #: outcomes waiting for the reporter
         self._done: list[tuple[Claim, Outcome]] = []
         self._reporting = False
@@ -336,10 +338,14 @@ class ProcessWorker:
             return claim
 
     def _release_stale(self, now: float) -> None:
-        """Buffered claims no slot could start for a while go back to the plane."""
+        """Buffered claims go back to the plane when the buffer stopped draining: no
+        slot started a job for a while (they all run long ones), so others may take
+        them. A buffer that drains slowly (a slow plane) keeps them."""
         with self._cv:
-            if not self._ready or now - self._ready_since.get(self._ready[0].id, now) < (
-                _BUFFER_MAX_WAIT
+            if (
+                not self._ready
+                or now - self._last_start < _BUFFER_MAX_WAIT
+                or now - self._ready_since.get(self._ready[0].id, now) < _BUFFER_MAX_WAIT
             ):
                 return
             stale = [c for c in self._ready if now - self._ready_since.get(c.id, now) >= 0.5]
@@ -482,7 +488,7 @@ class ProcessWorker:
         )  # fmt: skip
         with self._lock:
             slot.claim = claim
-            slot.started = time.monotonic()
+            slot.started = self._last_start = time.monotonic()
             slot.deadline = time.monotonic() + claim.timeout if claim.timeout else None
             slot.out, slot.out_n, slot.cancel_requested = [], 0, False
 

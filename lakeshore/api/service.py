@@ -634,7 +634,7 @@ class Service:
         if any(len(result) > self.limits.inline_payload for result in results):
             raise InvalidRequest("result is over the inline limit: send it as a blob")
         answers = []
-        with self.plane.batch():  # one commit for the batch where the store can
+        with self.plane.batch(len(items) > 1):  # one commit for the batch where it can
             for x, result in zip(items, results, strict=True):
                 try:
                     self.plane.complete(x["id"], x["lease_token"], result)

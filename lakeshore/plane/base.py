@@ -7,6 +7,7 @@ import contextlib
 import random
 import threading
 from collections.abc import Sequence
+from typing import cast
 
 from ..clock import Clock
 from ..errors import QueueNotFound, UnknownInvocation
@@ -41,12 +42,15 @@ class PlaneBase:
     def now(self) -> float:
         return self.clock.now()
 
-    def batch(self) -> contextlib.AbstractContextManager[object]:
+    def batch(self, many: bool = True) -> contextlib.AbstractContextManager[object]:
         """Group the store writes of the block (one SQLite commit for a batch of
-        completions); a no-op for stores that write item by item (DynamoDB). Every
-        lifecycle rule still applies to each invocation on its own."""
+        completions); a no-op for stores that write item by item (DynamoDB), and when
+        not ``many`` (one write needs no group, and the group holds the store's lock
+        for the whole block). Every lifecycle rule still applies to each invocation."""
         transaction = getattr(self.store, "transaction", None)
-        return transaction() if callable(transaction) else contextlib.nullcontext()
+        if not many or not callable(transaction):
+            return contextlib.nullcontext()
+        return cast(contextlib.AbstractContextManager[object], transaction())
 
     def get_queue(self, name: str) -> QueueSpec:
         spec = self.store.get_queue(name)

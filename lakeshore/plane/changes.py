@@ -38,6 +38,8 @@ class Changes:
         self._cond = threading.Condition()
         self._generation = 0
         self._waiters = 0
+        #: claim waiters that a finish may unblock (capped queues)
+        self._finish_waiters = 0
         self._watches: dict[str, list[_Watch]] = defaultdict(list)
         self._poller: threading.Thread | None = None
         self._marker = 0
@@ -53,17 +55,24 @@ class Changes:
             self._generation += 1
             self._cond.notify_all()
 
-    def wait(self, since: int, timeout: float) -> None:
-        """Block until something changed after generation ``since``, or ``timeout``."""
+    def wait(self, since: int, timeout: float, *, finishes: bool = False) -> None:
+        """Block until something changed after generation ``since``, or ``timeout``.
+
+        A finish (a record reaching a finished state) wakes only waiters that ask for
+        ``finishes`` (claims on capped queues, which a finish may unblock): a claim wait
+        on work to arrive is not woken by every job that ends.
+        """
         with self._cond:
             if self._generation != since:
                 return
             self._waiters += 1
+            self._finish_waiters += finishes
             self._ensure_poller()
             try:
                 self._cond.wait_for(lambda: self._generation != since or self._closed, timeout)
             finally:
                 self._waiters -= 1
+                self._finish_waiters -= finishes
 
     # --- result watches ------------------------------------------------------------
     def watch(self, ids: Iterable[str], callback: Callback) -> Callable[[], None]:
@@ -88,6 +97,7 @@ class Changes:
     def finished(self, records: Iterable[Invocation]) -> None:
         """Deliver finished records to their watchers (each watch fires once)."""
         due: list[tuple[_Watch, Invocation]] = []
+        records = list(records)
         with self._cond:
             for rec in records:
                 if rec.state not in FINISHED:
@@ -96,8 +106,10 @@ class Changes:
                     if rec.id not in entry.fired:
                         entry.fired.add(rec.id)
                         due.append((entry, rec))
-            self._generation += 1
-            self._cond.notify_all()
+            # Records not finished (retried: pending again) are new work for claims.
+            if self._finish_waiters or any(rec.state not in FINISHED for rec in records):
+                self._generation += 1
+                self._cond.notify_all()
         for entry, rec in due:
             entry.callback(rec)
 
@@ -153,8 +165,7 @@ class Changes:
                 watched = list(self._watches)
             if watched:
                 self.finished(self._store_get_many(watched))
-            else:
-                self.notify()
+            self.notify()  # another process wrote: maybe new work for claim waiters
 
     def _store_get_many(self, ids: list[str]) -> list[Any]:
         return [r for r in self._store.get_many(ids) if r.state in FINISHED]

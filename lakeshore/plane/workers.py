@@ -47,11 +47,17 @@ class WorkerOps(PlaneBase):
                 return []  # the plane is closing: answer empty, promptly
             generation = self._changes.generation
             self.maybe_sweep()
-            claims = self._claim_now(queues, worker, limit, lease_seconds or self.lease_seconds)
+            capped: list[bool] = []
+            claims = self._claim_now(
+                queues, worker, limit, lease_seconds or self.lease_seconds, capped
+            )
             remaining = deadline - time.monotonic()
             if claims or remaining <= 0 or (should_stop is not None and should_stop()):
                 return claims
-            self._changes.wait(generation, min(remaining, self._next_due_in(queues)))
+            # A capped queue may have work held back by its cap: a finish frees a slot.
+            self._changes.wait(
+                generation, min(remaining, self._next_due_in(queues)), finishes=any(capped)
+            )
 
     def _next_due_in(self, queues: Sequence[str]) -> float:
         """Seconds until the earliest scheduled invocation of ``queues`` comes due."""
@@ -64,14 +70,22 @@ class WorkerOps(PlaneBase):
         return max(soonest, 0.001)
 
     def _claim_now(
-        self, queues: Sequence[str], worker: str, limit: int, lease_seconds: float
+        self,
+        queues: Sequence[str],
+        worker: str,
+        limit: int,
+        lease_seconds: float,
+        capped: list[bool] | None = None,
     ) -> list[Claim]:
+        """Lease what is there now; ``capped`` gets whether any queue has a running cap."""
         claims: list[Claim] = []
-        with self.batch():
+        with self.batch(limit > 1):
             for name in queues:
                 spec = self.store.get_queue(name)
                 if spec is None:
                     continue
+                if capped is not None:
+                    capped.append(running_cap(spec) is not None)
                 while len(claims) < limit:
                     got = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
                     claims.extend(got)
@@ -174,7 +188,7 @@ class WorkerOps(PlaneBase):
     def complete_many(self, items: Sequence[tuple[str, str, bytes]]) -> list[Exception | None]:
         """:meth:`complete` for several; each item's refusal (or None), in order."""
         out: list[Exception | None] = []
-        with self.batch():
+        with self.batch(len(items) > 1):
             for inv_id, token, result in items:
                 try:
                     self.complete(inv_id, token, result)
@@ -188,7 +202,7 @@ class WorkerOps(PlaneBase):
     ) -> list[Exception | None]:
         """:meth:`fail` for several; each item's refusal (or None), in order."""
         out: list[Exception | None] = []
-        with self.batch():
+        with self.batch(len(items) > 1):
             for inv_id, token, error, retryable in items:
                 try:
                     self.fail(inv_id, token, error, retryable=retryable)
