@@ -13,6 +13,8 @@ import fnmatch
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -51,6 +53,37 @@ class Identity:
     def check_queue(self, queue: str) -> None:
         if not self.may_use(queue):
             raise Forbidden(f"this token's scopes do not include queue {queue!r}")
+
+
+#: seconds a token record read from the store is used again (every request reads one)
+TOKEN_CACHE_SECONDS = 1.0
+_cache: dict[tuple[int, str], tuple[float, TokenRecord]] = {}
+_cache_lock = threading.Lock()
+
+
+def _token_record(plane: Plane, token_id: str) -> TokenRecord | None:
+    """The token's record, read at most once a second per plane and token: a token
+    revoked elsewhere (another server process, another Lambda) is refused within
+    :data:`TOKEN_CACHE_SECONDS`; one revoked through this process at once (:func:`forget`)."""
+    key = (id(plane), token_id)
+    now = time.monotonic()
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    record = plane.store.get_token(token_id)
+    if record is not None:
+        with _cache_lock:
+            if len(_cache) > 10_000:
+                _cache.clear()
+            _cache[key] = (now + TOKEN_CACHE_SECONDS, record)
+    return record
+
+
+def forget(plane: Plane, token_id: str) -> None:
+    """Drop a cached token record (its token was just revoked or changed)."""
+    with _cache_lock:
+        _cache.pop((id(plane), token_id), None)
 
 
 def _hash(secret: str) -> str:
@@ -96,7 +129,7 @@ def authenticate(plane: Plane, authorization: str | None) -> Identity:
     if scheme.lower() != "bearer" or not token.startswith(_PREFIX):
         raise Unauthorized("malformed bearer token")
     token_id, _, secret = token[len(_PREFIX) :].partition("_")
-    record = plane.store.get_token(token_id) if token_id and secret else None
+    record = _token_record(plane, token_id) if token_id and secret else None
     # Compare even when the id is unknown, so timing does not tell ids apart.
     expected = record.secret_hash if record is not None else _hash("")
     if not hmac.compare_digest(expected, _hash(secret)) or record is None:

@@ -33,6 +33,7 @@ from ..wire import (
     encode_ref_call,
     unpack,
 )
+from . import auth
 from .auth import Identity, create_token
 from .codec import as_bytes, fields
 
@@ -881,4 +882,5 @@ class Service:
         if rec.revoked_at is None:
             rec.revoked_at = self.plane.now()
             self.plane.store.put_token(rec)
+        auth.forget(self.plane, token_id)  # refused at once here; elsewhere within 1 s
         return {"revoked": True}

@@ -40,6 +40,9 @@ class Changes:
         self._waiters = 0
         #: claim waiters that a finish may unblock (capped queues)
         self._finish_waiters = 0
+        #: finishes seen so far (what :meth:`wait_finish` waits on), and its waiters
+        self._finishes = 0
+        self._finish_listeners = 0
         self._watches: dict[str, list[_Watch]] = defaultdict(list)
         self._poller: threading.Thread | None = None
         self._marker = 0
@@ -74,6 +77,23 @@ class Changes:
                 self._waiters -= 1
                 self._finish_waiters -= finishes
 
+    @property
+    def finishes(self) -> int:
+        return self._finishes
+
+    def wait_finish(self, since: int, timeout: float) -> None:
+        """Block until some record finished after count ``since`` (any record: the
+        caller looks for its own), or ``timeout``, or the plane closes."""
+        with self._cond:
+            if self._finishes != since:
+                return
+            self._finish_listeners += 1
+            self._ensure_poller()
+            try:
+                self._cond.wait_for(lambda: self._finishes != since or self._closed, timeout)
+            finally:
+                self._finish_listeners -= 1
+
     # --- result watches ------------------------------------------------------------
     def watch(self, ids: Iterable[str], callback: Callback) -> Callable[[], None]:
         entry = _Watch(callback)
@@ -107,7 +127,11 @@ class Changes:
                         entry.fired.add(rec.id)
                         due.append((entry, rec))
             # Records not finished (retried: pending again) are new work for claims.
-            if self._finish_waiters or any(rec.state not in FINISHED for rec in records):
+            wake = self._finish_waiters or any(rec.state not in FINISHED for rec in records)
+            if any(rec.state in FINISHED for rec in records):
+                self._finishes += 1  # always: a cursor wait reads it before it looks
+                wake = wake or self._finish_listeners > 0
+            if wake:
                 self._generation += 1
                 self._cond.notify_all()
         for entry, rec in due:
@@ -137,7 +161,9 @@ class Changes:
             self._poller.start()
 
     def _busy(self) -> bool:
-        return not self._closed and (self._waiters > 0 or bool(self._watches))
+        return not self._closed and (
+            self._waiters > 0 or self._finish_listeners > 0 or bool(self._watches)
+        )
 
     def _poll(self) -> None:
         marker = self._marker
@@ -165,7 +191,9 @@ class Changes:
                 watched = list(self._watches)
             if watched:
                 self.finished(self._store_get_many(watched))
-            self.notify()  # another process wrote: maybe new work for claim waiters
+            with self._cond:  # another process wrote: maybe work, maybe a finish
+                self._finishes += 1
+            self.notify()
 
     def _store_get_many(self, ids: list[str]) -> list[Any]:
         return [r for r in self._store.get_many(ids) if r.state in FINISHED]

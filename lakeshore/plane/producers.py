@@ -76,6 +76,27 @@ class ProducerOps(PlaneBase):
     def state(self, inv_id: str) -> State:
         return self.get(inv_id).public_state(self.clock.now())
 
+    def _wait_lately(
+        self,
+        ids: Sequence[str],
+        timeout: float,
+        since: float,
+        lately: Callable[[Sequence[str], float], list[Invocation]],
+    ) -> list[Invocation]:
+        """A cursor wait: look at what finished since ``since`` and, while none of
+        ``ids`` is among it, sleep until the next finish anywhere. Nothing is
+        registered per id, so a poll of ten thousand ids costs what finished lately."""
+        deadline = time.monotonic() + timeout
+        while True:
+            count = self._changes.finishes
+            now = self.clock.now()
+            shown = (self.visible(r, now) for r in lately(ids, since))
+            done = [r for r in shown if r is not None]
+            left = deadline - time.monotonic()
+            if done or left <= 0 or self._changes.closed:
+                return done
+            self._changes.wait_finish(count, min(left, 0.25))
+
     def wait_cursor(self) -> float:
         """The ``since`` for the next :meth:`wait` on the same ids, taken *before* this
         wait looks: a little in the past, so a finish committed while it looked is
@@ -136,6 +157,9 @@ class ProducerOps(PlaneBase):
         a store that can find what finished lately (``finished_since``) then reads only
         that, not every id — what keeps a wait on thousands of ids cheap.
         """
+        lately = getattr(self.store, "finished_since", None)
+        if since is not None and callable(lately):
+            return self._wait_lately(ids, timeout, since, lately)
         done: list[Invocation] = []
         event = threading.Event()
 
