@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -301,7 +300,9 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
 
         _metrics = Metrics(namespace="Lakeshore", service="api")
         logger = Logger(service="lakeshore-api")  # structured JSON logs in CloudWatch
-        logs.configure(sys.stdout)  # the service's events, JSON lines like powertools'
+        logs.configure(
+            logs.CurrentStream("stdout")
+        )  # the service's events, JSON lines like powertools'
         service = _service_from_env()
         service.metrics = _registry = Registry(keep_events=True)
         _lambda_app = make_app(service, logger=logger)  # type: ignore[arg-type]

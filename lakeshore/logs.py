@@ -58,8 +58,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
+class CurrentStream:
+    """``sys.stdout`` or ``sys.stderr`` as it is when a line is written, not as it was
+    when logging was configured (a test runner swaps and closes them)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def write(self, text: str) -> int:
+        return int(getattr(sys, self.name).write(text))
+
+    def flush(self) -> None:
+        getattr(sys, self.name).flush()
+
+
 def configure(
-    stream: IO[str] | None = None, level: int = logging.INFO, *, logger: str = ROOT
+    stream: IO[str] | CurrentStream | None = None,
+    level: int = logging.INFO,
+    *,
+    logger: str = ROOT,
 ) -> logging.Handler:
     """Print the package's logs as JSON lines on ``stream`` (stderr) from ``level`` up.
 
@@ -69,7 +86,7 @@ def configure(
     for h in list(log.handlers):
         if isinstance(h.formatter, JsonFormatter):
             log.removeHandler(h)
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler: logging.StreamHandler[Any] = logging.StreamHandler(stream or CurrentStream("stderr"))
     handler.setFormatter(JsonFormatter())
     log.addHandler(handler)
     log.setLevel(level)

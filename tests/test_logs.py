@@ -69,3 +69,20 @@ def test_one_invocation_is_followed_through_sdk_plane_and_worker(
     assert ("dreamlake.lakeshore.worker", "job.started") in mine
     assert ("dreamlake.lakeshore.worker", "job.finished") in mine
     assert ("dreamlake.lakeshore.api", "invocation.succeeded") in mine
+
+
+def test_the_default_stream_is_stderr_as_it_is_when_a_line_is_written(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given logging configured while one stderr is in place
+    root = logging.getLogger(logs.ROOT)
+    saved = (list(root.handlers), root.level, root.propagate)
+    try:
+        logs.configure()
+        # When stderr is swapped afterwards (a test runner does), lines go to the new one
+        later = io.StringIO()
+        monkeypatch.setattr("sys.stderr", later)
+        logs.event(logging.getLogger("dreamlake.lakeshore.z"), "late.line", "inv-9")
+        assert json.loads(later.getvalue())["correlation_id"] == "inv-9"
+    finally:
+        root.handlers, root.level, root.propagate = saved[0], saved[1], saved[2]

@@ -135,11 +135,13 @@ def run_worker(
                 with data.using(lambda: dp):
                     outcome = executor.run(claim, progress=_progress_to(transport, claim))
                 beat.hold(None)
-                report(dp, claim, outcome)
+                # logged before the report: once reported, the producer may read the
+                # result (and the logs) at once
                 logs.event(
                     _log, "job.finished", claim.id, queue=claim.queue, worker=me, ok=outcome.ok,
                     error_type=(outcome.error or {}).get("type"),
                 )  # fmt: skip
+                report(dp, claim, outcome)
                 ran += 1
             if once and ran:
                 break
