@@ -173,7 +173,7 @@ class Batch:
 
     # --- the block --------------------------------------------------------------------------
     def __enter__(self) -> Batch:
-        if self._token is not None:
+        if self._token is not None or self._closed:
             raise RuntimeError("a batch is entered once")
         self._token = _current.set(self)
         return self
@@ -184,15 +184,8 @@ class Batch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._token is not None:
-            _current.reset(self._token)
-        if exc is None:
-            self._finish()
-            return
-        try:
-            self._finish()
-        except BaseException as failed:
-            exc.add_note(f"and submitting the batch failed too: {failed!r}")
+        self._leave()
+        self._end(exc)
 
     async def __aenter__(self) -> Batch:
         return self.__enter__()
@@ -203,17 +196,23 @@ class Batch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # The exit waits for the plane's answers; run it off the event loop.
         import asyncio
 
+        self._leave()
+        await asyncio.to_thread(self._end, exc)  # it waits for the plane: off the loop
+
+    def _leave(self) -> None:
         if self._token is not None:
             _current.reset(self._token)
             self._token = None
+
+    def _end(self, exc: BaseException | None) -> None:
+        """Send the rest; a failure raises, or is noted on the block's own exception."""
         if exc is None:
-            await asyncio.to_thread(self._finish)
+            self._finish()
             return
         try:
-            await asyncio.to_thread(self._finish)
+            self._finish()
         except BaseException as failed:
             exc.add_note(f"and submitting the batch failed too: {failed!r}")
 

@@ -30,7 +30,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import sys
 import threading
 import time
 from collections import deque
@@ -43,6 +42,7 @@ from ..dispatch import Dispatch
 from ..errors import LakeshoreError, Throttled, Unavailable
 from ..plane.model import Claim
 from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload, verified
+from .child import CHUNK, child_main, fn_of
 from .execute import Outcome
 from .loop import default_worker_id
 from .report import report_many
@@ -53,8 +53,6 @@ log = logging.getLogger("dreamlake.lakeshore.worker")
 
 #: seconds between flushes of buffered job output to the plane
 _LOG_FLUSH = 0.25
-#: bytes of output one log chunk carries at most
-_CHUNK = 16 * 1024
 #: seconds of work at the recent job time the prefetch buffer covers
 _PREFETCH_SECONDS = 0.1
 #: weight of the newest job in the running average of job time
@@ -418,7 +416,7 @@ class ProcessWorker:
     def _spawn(self, slot: _Slot) -> None:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(
                 child,
                 self.imports,
@@ -452,7 +450,7 @@ class ProcessWorker:
 
     def _start(self, slot: _Slot, claim: Claim, *, behind: bool = False) -> None:
         blobs: dict[str, bytes] = {}
-        fn = _fn_of(claim)
+        fn = fn_of(claim)
         try:
             env = decode_payload(claim.payload)
             if fn is not None and fn not in slot.sent:
@@ -684,9 +682,9 @@ class ProcessWorker:
 
     # ------------------------------------------------------------------ output
     def _buffer(self, slot: _Slot, stream: str, text: str) -> None:
-        for start in range(0, len(text), _CHUNK):
+        for start in range(0, len(text), CHUNK):
             slot.out_n += 1
-            slot.out.append((slot.out_n, stream, text[start : start + _CHUNK]))
+            slot.out.append((slot.out_n, stream, text[start : start + CHUNK]))
 
     def _flush_output(self, only: _Slot | None = None) -> None:
         for slot in [only] if only else self._slots:
@@ -730,147 +728,6 @@ class ProcessWorker:
                         slot.queued.remove(claim)
                         slot.skips[claim.id] = None
                         slot.untold.add(claim.id)
-
-
-# ---------------------------------------------------------------------- child side
-class _Sent:
-    """A child's end of the pipe, safe to send on from several threads."""
-
-    def __init__(self, conn: Any) -> None:
-        self.conn = conn
-        self.lock = threading.Lock()
-
-    def send(self, msg: tuple[Any, ...]) -> None:
-        with self.lock:
-            self.conn.send(msg)
-
-
-class _Capture:
-    """``sys.stdout``/``sys.stderr`` of a child: lines go to the parent as they come."""
-
-    def __init__(self, pipe: _Sent, stream: str) -> None:
-        self.pipe, self.stream = pipe, stream
-        self.job: str | None = None
-        self._buf = ""
-
-    def write(self, text: str) -> int:
-        self._buf += text
-        if "\n" in self._buf or len(self._buf) > _CHUNK:
-            self.flush()
-        return len(text)
-
-    def flush(self) -> None:
-        if self._buf and self.job is not None:
-            self.pipe.send(("out", self.job, self.stream, self._buf))
-        self._buf = ""
-
-    def isatty(self) -> bool:
-        return False
-
-
-class _Blobs:
-    def __init__(self, limit: int) -> None:
-        self.blobs: dict[str, bytes] = {}
-        self.limit = limit
-
-    def get_blob(self, digest: str) -> bytes:
-        return self.blobs[digest]
-
-    def inline_limit(self) -> int:
-        return self.limit
-
-
-def _child_main(
-    conn: Any, imports: list[str], inline_limit: int, target: str, token: str | None
-) -> None:
-    import importlib
-    import resource
-
-    from .. import data
-    from .execute import Executor
-
-    opened: list[Dispatch] = []
-
-    def job_plane() -> Dispatch:
-        """The worker's plane, opened by this job process on first use of dls.data."""
-        if not opened:
-            if target == ":memory:":
-                raise RuntimeError(
-                    "dls.data inside a process worker needs a plane the job can reach: "
-                    "a plane file or a URL, not ':memory:'"
-                )
-            opened.append(Dispatch(target, token=token))
-        return opened[0]
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
-    for name in imports:
-        importlib.import_module(name)
-    pipe = _Sent(conn)
-    out, err = _Capture(pipe, "stdout"), _Capture(pipe, "stderr")
-    sys.stdout, sys.stderr = out, err
-    source = _Blobs(inline_limit)
-    executor = Executor(source)
-    inbox: deque[tuple[Any, ...]] = deque()
-    skipped: set[str] = set()
-    bodies: set[str] = set()
-    while True:
-        try:
-            # Read all that came (a skip may follow the run it cancels), then take one.
-            if not inbox:
-                inbox.append(conn.recv())
-            while conn.poll():
-                inbox.append(conn.recv())
-        except EOFError:
-            return
-        for m in [m for m in inbox if m[0] == "skip"]:  # before any run they cancel
-            skipped.add(m[1])
-            inbox.remove(m)
-        if not inbox:
-            continue
-        msg = inbox.popleft()
-        if msg[0] == "stop":
-            return
-        _, claim, blobs = msg
-        fn = _fn_of(claim)
-        if fn is not None and fn in blobs:
-            bodies.add(fn)  # the parent sends a body once: keep it even if this is skipped
-        source.blobs.update(blobs)
-        if claim.id in skipped:
-            skipped.discard(claim.id)
-            pipe.send(("skipped", claim.id))
-            continue
-        job = claim.id
-        out.job = err.job = job
-
-        def on_output(stream: str, text: str, job: str = job) -> None:
-            pipe.send(("out", job, stream, text))
-
-        def on_spawn(pid: int, job: str = job) -> None:
-            pipe.send(("pgid", job, pid))
-
-        def on_progress(fraction: float, message: str | None, job: str = job) -> None:
-            pipe.send(("progress", job, fraction, message))
-
-        with data.using(job_plane):
-            outcome = executor.run(
-                claim, on_output=on_output, on_spawn=on_spawn, progress=on_progress
-            )
-        out.flush()
-        err.flush()
-        out.job = err.job = None
-        for digest in [d for d in source.blobs if d not in bodies]:
-            source.blobs.pop(digest, None)  # argument blobs go; function bodies stay
-        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        pipe.send(("done", job, outcome, rss_mb))
-
-
-def _fn_of(claim: Claim) -> str | None:
-    try:
-        env = decode_payload(claim.payload)
-    except LakeshoreError:
-        return None
-    fn = env.get("fn")
-    return fn if isinstance(fn, str) else None
 
 
 #: what a worker advertises to the plane

@@ -1,0 +1,165 @@
+"""The job process of a process worker's slot: it runs the claims its parent sends, in
+order, one at a time, and sends back output, progress and outcomes over its pipe.
+
+A ``("skip", id)`` message cancels a claim sent earlier that has not started: the child
+reads every message waiting before it starts the next job, so a skip that follows its
+run is seen in time (the answer is ``("skipped", id)``).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections import deque
+from typing import Any
+
+from ..dispatch import Dispatch
+from ..errors import LakeshoreError
+from ..plane.model import Claim
+from ..wire import decode_payload
+
+__all__ = ["CHUNK", "child_main", "fn_of"]
+
+#: bytes of output one log chunk carries at most
+CHUNK = 16 * 1024
+
+
+class _Sent:
+    """A child's end of the pipe, safe to send on from several threads."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        with self.lock:
+            self.conn.send(msg)
+
+
+class _Capture:
+    """``sys.stdout``/``sys.stderr`` of a child: lines go to the parent as they come."""
+
+    def __init__(self, pipe: _Sent, stream: str) -> None:
+        self.pipe, self.stream = pipe, stream
+        self.job: str | None = None
+        self._buf = ""
+
+    def write(self, text: str) -> int:
+        self._buf += text
+        if "\n" in self._buf or len(self._buf) > CHUNK:
+            self.flush()
+        return len(text)
+
+    def flush(self) -> None:
+        if self._buf and self.job is not None:
+            self.pipe.send(("out", self.job, self.stream, self._buf))
+        self._buf = ""
+
+    def isatty(self) -> bool:
+        return False
+
+
+class _Blobs:
+    def __init__(self, limit: int) -> None:
+        self.blobs: dict[str, bytes] = {}
+        self.limit = limit
+
+    def get_blob(self, digest: str) -> bytes:
+        return self.blobs[digest]
+
+    def inline_limit(self) -> int:
+        return self.limit
+
+
+def child_main(
+    conn: Any, imports: list[str], inline_limit: int, target: str, token: str | None
+) -> None:
+    import importlib
+    import resource
+
+    from .. import data
+    from .execute import Executor
+
+    opened: list[Dispatch] = []
+
+    def job_plane() -> Dispatch:
+        """The worker's plane, opened by this job process on first use of dls.data."""
+        if not opened:
+            if target == ":memory:":
+                raise RuntimeError(
+                    "dls.data inside a process worker needs a plane the job can reach: "
+                    "a plane file or a URL, not ':memory:'"
+                )
+            opened.append(Dispatch(target, token=token))
+        return opened[0]
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    for name in imports:
+        importlib.import_module(name)
+    pipe = _Sent(conn)
+    out, err = _Capture(pipe, "stdout"), _Capture(pipe, "stderr")
+    sys.stdout, sys.stderr = out, err
+    source = _Blobs(inline_limit)
+    executor = Executor(source)
+    inbox: deque[tuple[Any, ...]] = deque()
+    skipped: set[str] = set()
+    bodies: set[str] = set()
+    while True:
+        try:
+            # Read all that came (a skip may follow the run it cancels), then take one.
+            if not inbox:
+                inbox.append(conn.recv())
+            while conn.poll():
+                inbox.append(conn.recv())
+        except EOFError:
+            return
+        for m in [m for m in inbox if m[0] == "skip"]:  # before any run they cancel
+            skipped.add(m[1])
+            inbox.remove(m)
+        if not inbox:
+            continue
+        msg = inbox.popleft()
+        if msg[0] == "stop":
+            return
+        _, claim, blobs = msg
+        fn = fn_of(claim)
+        if fn is not None and fn in blobs:
+            bodies.add(fn)  # the parent sends a body once: keep it even if this is skipped
+        source.blobs.update(blobs)
+        if claim.id in skipped:
+            skipped.discard(claim.id)
+            pipe.send(("skipped", claim.id))
+            continue
+        job = claim.id
+        out.job = err.job = job
+
+        def on_output(stream: str, text: str, job: str = job) -> None:
+            pipe.send(("out", job, stream, text))
+
+        def on_spawn(pid: int, job: str = job) -> None:
+            pipe.send(("pgid", job, pid))
+
+        def on_progress(fraction: float, message: str | None, job: str = job) -> None:
+            pipe.send(("progress", job, fraction, message))
+
+        with data.using(job_plane):
+            outcome = executor.run(
+                claim, on_output=on_output, on_spawn=on_spawn, progress=on_progress
+            )
+        out.flush()
+        err.flush()
+        out.job = err.job = None
+        for digest in [d for d in source.blobs if d not in bodies]:
+            source.blobs.pop(digest, None)  # argument blobs go; function bodies stay
+        rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        pipe.send(("done", job, outcome, rss_mb))
+
+
+def fn_of(claim: Claim) -> str | None:
+    try:
+        env = decode_payload(claim.payload)
+    except LakeshoreError:
+        return None
+    fn = env.get("fn")
+    return fn if isinstance(fn, str) else None
