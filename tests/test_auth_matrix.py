@@ -834,10 +834,12 @@ def _run_one(kind: str, dp: dls.Dispatch, queue: str, inv_id: str) -> None:
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not q.finished(inv_id):
-            assert time.monotonic() < deadline, "the process worker did not finish the job"
-            time.sleep(0.02)
+        done = threading.Event()
+        unwatch = dp.transport.watch([inv_id], lambda rec: done.set())
+        try:
+            assert done.wait(30), "the process worker did not finish the job"
+        finally:
+            unwatch()
     finally:
         w.request_stop()
         w.request_stop()
