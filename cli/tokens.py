@@ -11,7 +11,7 @@ from typing import Annotated, Any, Protocol
 import typer
 
 from .. import authfile
-from ..api.auth import create_token
+from ..api import auth
 from ..plane import Plane
 from ..stores import SqliteStore
 from .common import JsonOpt, PlaneOpt, TokenOpt, UrlOpt, emit, fail, open_plane, when
@@ -36,7 +36,7 @@ class _PlaneFile:
         self.plane = Plane(SqliteStore(path))
 
     def create_token(self, role: str, queues: list[str], name: str) -> dict[str, Any]:
-        secret, rec = create_token(self.plane, role, queues, name)
+        secret, rec = auth.create_token(self.plane, role, queues, name)
         view = asdict(rec)
         del view["secret_hash"]
         return {"token": secret, **view}
@@ -48,12 +48,8 @@ class _PlaneFile:
         return views
 
     def revoke_token(self, token_id: str) -> None:
-        rec = self.plane.store.get_token(token_id)
-        if rec is None:
+        if not auth.revoke(self.plane, token_id):
             raise fail(f"no token {token_id!r}")
-        if rec.revoked_at is None:
-            rec.revoked_at = self.plane.now()
-            self.plane.store.put_token(rec)
 
 
 @contextlib.contextmanager

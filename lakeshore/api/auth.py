@@ -22,7 +22,15 @@ from ..errors import Forbidden, InvalidRequest, Unauthorized
 from ..plane import Plane
 from ..plane.model import TokenRecord
 
-__all__ = ["ROLES", "Identity", "authenticate", "bootstrap_admin", "create_token"]
+__all__ = [
+    "ROLES",
+    "Identity",
+    "authenticate",
+    "bootstrap_admin",
+    "create_token",
+    "forget",
+    "revoke",
+]
 
 #: roles a token can have
 ROLES = ("admin", "producer", "worker")
@@ -78,6 +86,20 @@ def _token_record(plane: Plane, token_id: str) -> TokenRecord | None:
                 _cache.clear()
             _cache[key] = (now + TOKEN_CACHE_SECONDS, record)
     return record
+
+
+def revoke(plane: Plane, token_id: str) -> bool:
+    """Revoke a token (once; revoking again changes nothing). False: no such token.
+
+    Refused at once by this process; by others within :data:`TOKEN_CACHE_SECONDS`."""
+    rec = plane.store.get_token(token_id)
+    if rec is None:
+        return False
+    if rec.revoked_at is None:
+        rec.revoked_at = plane.now()
+        plane.store.put_token(rec)
+    forget(plane, token_id)
+    return True
 
 
 def forget(plane: Plane, token_id: str) -> None:

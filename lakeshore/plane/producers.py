@@ -104,11 +104,7 @@ class ProducerOps(PlaneBase):
         return self.clock.now() - _CURSOR_MARGIN
 
     def watch(
-        self,
-        ids: Sequence[str],
-        callback: Callable[[Invocation], None],
-        *,
-        since: float | None = None,
+        self, ids: Sequence[str], callback: Callable[[Invocation], None]
     ) -> Callable[[], None]:
         """Call ``callback(record)`` once for each id when it reaches a finished state.
 
@@ -118,12 +114,6 @@ class ProducerOps(PlaneBase):
         """
         ids = list(dict.fromkeys(ids))
         unwatch = self._changes.watch(ids, callback)
-        lately = getattr(self.store, "finished_since", None)
-        if since is not None and callable(lately):
-            now = self.clock.now()
-            recent = (self.visible(r, now) for r in lately(ids, since))
-            self._changes.finished([r for r in recent if r is not None])
-            return unwatch
         known, finished = self._finished_among(ids)
         if len(known) != len(ids):
             unwatch()
@@ -167,7 +157,7 @@ class ProducerOps(PlaneBase):
             done.append(rec)
             event.set()
 
-        unwatch = self.watch(ids, on_done, since=since)
+        unwatch = self.watch(ids, on_done)
         deadline = time.monotonic() + timeout
         try:
             # in slices, so closing the plane ends the wait promptly
