@@ -474,37 +474,48 @@ class Meter:
     def stored_bytes(self, inv_ids: Sequence[str], resources: Any) -> tuple[int, int]:
         """Bytes the invocations hold now: their items and index entries (DynamoDB), and
         their objects under ``inv/`` (S3)."""
-        table = self.table(resources.invocations)
-        ddb = 0
-        for inv_id in inv_ids:
-            item = self._get(table.name, {"id": {"S": inv_id}})
-            if item is None:
-                continue
-            ddb += item_size(item)
-            for index in table.indexes:
-                entry = table.entry(index, item)
-                if entry is not None:
-                    ddb += entry_size(entry)
+        ddb = sum(size for size, _ in self.stored_items(inv_ids, resources))
         s3_bytes = 0
         for inv_id in inv_ids:
             out = self.peek_s3.list_objects_v2(Bucket=resources.bucket, Prefix=f"inv/{inv_id}/")
             s3_bytes += sum(int(o["Size"]) for o in out.get("Contents", []))
         return ddb, s3_bytes
 
-    def ttl_days_after_expiry(self, inv_ids: Sequence[str], resources: Any) -> float:
-        """Mean days from expiry to the TTL time of the invocations' items (DynamoDB
-        deletes an item after its TTL time), over those that have both."""
-        spans = []
-        for inv_id in inv_ids:
-            item = self._get(resources.invocations, {"id": {"S": inv_id}}) or {}
-            if "purge_at" in item and "expires_at" in item:
-                spans.append(float(item["purge_at"]["N"]) - float(item["expires_at"]["N"]))
-        return sum(spans) / len(spans) / 86400 if spans else TOMBSTONE_DAYS
+    def stored_items(self, inv_ids: Sequence[str], resources: Any) -> list[tuple[int, float]]:
+        """(bytes with index entries, TTL time or inf) of every item holding the
+        invocations: their group items and the payload and result items beside them."""
+        from dreamlake.lakeshore.stores.dynamo_groups import group_key, is_part, parse_group
+
+        table = self.table(resources.invocations)
+        found: list[tuple[int, float]] = []
+        parts: set[str] = set()
+        for key in dict.fromkeys(group_key(i) for i in inv_ids):
+            item = self._get(table.name, {"id": {"S": key}})
+            if item is None:
+                continue
+            size = item_size(item)
+            for index in table.indexes:
+                entry = table.entry(index, item)
+                if entry is not None:
+                    size += entry_size(entry)
+            found.append((size, _ttl(item)))
+            g = parse_group(item)
+            for slot in g.slots.values():
+                parts |= {k for k in (slot.payload_at, slot.result_at) if k and is_part(k)}
+        for key in sorted(parts):
+            item = self._get(table.name, {"id": {"S": key}})
+            if item is not None:
+                found.append((item_size(item), _ttl(item)))
+        return found
 
     def blob_bytes(self, resources: Any) -> int:
         """Bytes under ``blob/`` (content-addressed blobs, kept by a lifecycle rule)."""
         out = self.peek_s3.list_objects_v2(Bucket=resources.bucket, Prefix="blob/")
         return sum(int(o["Size"]) for o in out.get("Contents", []))
+
+
+def _ttl(item: Mapping[str, Any]) -> float:
+    return float(item["purge_at"]["N"]) if "purge_at" in item else math.inf
 
 
 # --- the stack in one process -----------------------------------------------------------
@@ -703,7 +714,7 @@ def lifecycle(size: int, batch: int, jobs: int) -> Run:
     """Submit, claim, complete and read ``jobs`` invocations of ``size``-byte arguments
     (and results), ``batch`` to a call, through the SDK's HTTP transport."""
     from dreamlake.lakeshore.plane.model import QueueSpec, Submission
-    from dreamlake.lakeshore.submit import new_id
+    from dreamlake.lakeshore.submit import IdGroups
     from dreamlake.lakeshore.wire import encode_pickle_call, result_blob
     from dreamlake.lakeshore.worker.execute import Executor
 
@@ -734,7 +745,8 @@ def lifecycle(size: int, batch: int, jobs: int) -> Run:
             ]
             with phase("submit"):
                 upload(producer, {d: b for c in calls for d, b in c.blobs.items()})
-                subs = [Submission(new_id(), queue, c.payload) for c in calls]
+                groups = IdGroups()  # ids as the SDK's batch and the API make them
+                subs = [Submission(groups.next_id(queue), queue, c.payload) for c in calls]
                 ids: list[str] = producer.submit(subs)
             with phase("claim"):
                 claims: list[Any] = []
@@ -770,24 +782,27 @@ def lifecycle(size: int, batch: int, jobs: int) -> Run:
             n = min(batch, jobs - done_jobs)
             ids += one_round(n, phases)
             done_jobs += n
-        # storage: what the records hold until they expire, then (stripped or whole)
-        # until TTL deletes them, or purge does
-        ddb_full, s3_full = stack.meter.stored_bytes(ids, stack.resources)
+        # storage: each item holding the records (group, payload and result items) from
+        # now until its TTL time plus TTL's lag (one with no TTL: to the tombstone's end);
+        # objects in S3 until purge deletes them at expiry
+        now = stack.clock.now()
+        horizon = now + (RETENTION_DAYS + TOMBSTONE_DAYS) * 86400
+        ddb_byte_days = sum(
+            size * ((min(ttl, horizon) - now) / 86400 + TTL_LAG_DAYS)
+            for size, ttl in stack.meter.stored_items(ids, stack.resources)
+        )
+        _, s3_full = stack.meter.stored_bytes(ids, stack.resources)
         blob_bytes = stack.meter.blob_bytes(stack.resources) - blobs_before
         purged = Figures()
         with _into(stack.meter, purged):
             stack.clock.advance(RETENTION_DAYS * 86400 + 1)
             stack.plane.sweep()
-            ddb_stripped, _ = stack.meter.stored_bytes(ids, stack.resources)
-            ttl_days = stack.meter.ttl_days_after_expiry(ids, stack.resources)
             stack.clock.advance(TOMBSTONE_DAYS * 86400)
             stack.plane.sweep()
         # the warm-up job was purged too: its share is not the runs'
         phases["purge"].add(purged.scaled((len(ids) + len(warm)) / len(ids)))
-        left, _ = stack.meter.stored_bytes(ids, stack.resources)
-        tail = ttl_days + TTL_LAG_DAYS if left else TOMBSTONE_DAYS
         store = phases["purge"]
-        store.ddb_byte_days += ddb_full * RETENTION_DAYS + ddb_stripped * tail
+        store.ddb_byte_days += ddb_byte_days
         store.s3_byte_days += s3_full * RETENTION_DAYS + blob_bytes * 30.0
         return Run(size, batch, jobs, phases, Counter(stack.api.routes))
 

@@ -33,7 +33,7 @@ __all__ = [
 #: stack output → the :class:`~dreamlake.lakeshore.stores.keys.Resources` field it names
 STACK_OUTPUTS = {
     "QueuesTableName": "queues",
-    "InvocationsTableName": "invocations",
+    "InvocationGroupsTableName": "invocations",
     "RecordsTableName": "records",
     "LogsTableName": "logs",
     "BlobBucketName": "bucket",

@@ -50,7 +50,17 @@ from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 from .clock import Clock
 from .errors import NotFound, UnknownInvocation
 from .plane import FINISHED, Invocation, Plane, State
+from .plane.ids import group_of
 from .stores import keys as K
+from .stores.dynamo_groups import (
+    GROUP_PREFIX,
+    Group,
+    group_key,
+    is_part,
+    parse_group,
+    unpack_parts,
+)
+from .stores.dynamo_items import unpack
 
 if TYPE_CHECKING:
     from .stores.dynamo import DynamoStore
@@ -78,7 +88,8 @@ LOCAL_CREDENTIALS = {
 }
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 _QUERY = frozenset({"region", "endpoint", "profile"})
-_FINISHED = frozenset(s.value for s in FINISHED)
+#: a finished invocation's group and its id
+_Found = tuple[Group, str]
 #: BatchGetItem takes at most this many keys
 _BATCH_GET = 100
 
@@ -239,15 +250,15 @@ class _Watch:
     """The ids one event loop awaits, and the task polling them."""
 
     def __init__(self) -> None:
-        self.waiters: dict[str, list[asyncio.Future[dict[str, Any]]]] = {}
+        self.waiters: dict[str, list[asyncio.Future[_Found]]] = {}
         self.task: asyncio.Task[None] | None = None
 
-    def add(self, inv_id: str) -> asyncio.Future[dict[str, Any]]:
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    def add(self, inv_id: str) -> asyncio.Future[_Found]:
+        fut: asyncio.Future[_Found] = asyncio.get_running_loop().create_future()
         self.waiters.setdefault(inv_id, []).append(fut)
         return fut
 
-    def remove(self, inv_id: str, fut: asyncio.Future[dict[str, Any]]) -> None:
+    def remove(self, inv_id: str, fut: asyncio.Future[_Found]) -> None:
         futs = self.waiters.get(inv_id, [])
         if fut in futs:
             futs.remove(fut)
@@ -255,15 +266,15 @@ class _Watch:
             self.waiters.pop(inv_id, None)
 
     def settle(
-        self, inv_id: str, item: dict[str, Any] | None = None, exc: Exception | None = None
+        self, inv_id: str, found: _Found | None = None, exc: Exception | None = None
     ) -> None:
         for fut in self.waiters.pop(inv_id, []):
             if fut.done():
                 continue
-            if exc is not None:
-                fut.set_exception(exc)
+            if exc is not None or found is None:
+                fut.set_exception(exc or UnknownInvocation(inv_id))
             else:
-                fut.set_result(item or {})
+                fut.set_result(found)
 
 
 class AsyncDynamoProbe:
@@ -345,26 +356,27 @@ class AsyncDynamoProbe:
                 watch.remove(inv_id, fut)
                 if fut.done() and not fut.cancelled():
                     fut.exception()  # retrieved: gather raised only the first
-        return [await self._shown(item) for item in items]
+        return [await self._shown(found) for found in items]
 
     async def get(self, inv_id: str) -> Invocation:
         """The record now (any state, without its payload)."""
         async with self._client("dynamodb") as ddb:
             out = await ddb.get_item(
                 TableName=self.resources.invocations,
-                Key={"id": {"S": inv_id}},
+                Key={"id": {"S": group_key(inv_id)}},
                 ConsistentRead=True,
             )
-        if "Item" not in out:
+        g = parse_group(out["Item"]) if "Item" in out else None
+        if g is None or inv_id not in g.slots:
             raise UnknownInvocation(f"no invocation {inv_id!r} on this plane")
-        return await self._shown(out["Item"])
+        return await self._shown((g, inv_id))
 
-    async def _shown(self, item: dict[str, Any]) -> Invocation:
+    async def _shown(self, found: tuple[Group, str]) -> Invocation:
         """The record as the plane shows it: past its tombstone it is unknown (the
         table's TTL may not have deleted it yet), past expiry without its result."""
-        rec = self._plane().visible(await self._record(item))
+        rec = self._plane().visible(await self._record(*found))
         if rec is None:
-            raise UnknownInvocation(f"no invocation {item['id']['S']!r} on this plane")
+            raise UnknownInvocation(f"no invocation {found[1]!r} on this plane")
         return rec
 
     async def get_blob(self, digest: str) -> bytes:
@@ -398,43 +410,54 @@ class AsyncDynamoProbe:
         return self._session.client(service, endpoint_url=self.endpoint, config=config)
 
     async def _poll(self, watch: _Watch) -> None:
-        """Read every awaited id, settle the finished and the unknown, sleep, repeat."""
+        """Read every awaited id's group, settle the finished and the unknown, sleep,
+        repeat."""
         table = self.resources.invocations
         try:
             async with self._client("dynamodb") as ddb:
                 while watch.waiters:
                     ids = list(watch.waiters)
-                    for start in range(0, len(ids), _BATCH_GET):
-                        chunk = ids[start : start + _BATCH_GET]
-                        found = await _batch_get(ddb, table, chunk)
-                        for inv_id in chunk:
-                            item = found.get(inv_id)
-                            if item is None:
-                                watch.settle(
-                                    inv_id,
-                                    exc=UnknownInvocation(
-                                        f"no invocation {inv_id!r} on this plane"
-                                    ),
-                                )
-                            elif item["state"]["S"] in _FINISHED:
-                                watch.settle(inv_id, item)
+                    names = list(dict.fromkeys(group_of(i) for i in ids))
+                    groups: dict[str, Group] = {}
+                    for start in range(0, len(names), _BATCH_GET):
+                        keys = [GROUP_PREFIX + n for n in names[start : start + _BATCH_GET]]
+                        found = await _batch_get(ddb, table, keys)
+                        groups.update((g.name, g) for g in map(parse_group, found.values()))
+                    for inv_id in ids:
+                        g = groups.get(group_of(inv_id))
+                        if g is None or inv_id not in g.slots:
+                            watch.settle(
+                                inv_id,
+                                exc=UnknownInvocation(f"no invocation {inv_id!r} on this plane"),
+                            )
+                        elif g.slots[inv_id].state in FINISHED:
+                            watch.settle(inv_id, (g, inv_id))
                     if watch.waiters:
                         await asyncio.sleep(self.poll_interval)
         except Exception as exc:  # a failed read fails every wait it serves
             for inv_id in list(watch.waiters):
                 watch.settle(inv_id, exc=exc)
 
-    async def _record(self, item: dict[str, Any]) -> Invocation:
-        """Decode an item, reading offloaded result and error from S3 first."""
-        from .stores.dynamo_items import invocation
+    async def _record(self, g: Group, sid: str) -> Invocation:
+        """A slot's record without its payload, its result and an offloaded error read
+        first (from a result item or S3)."""
+        slot = g.slots[sid]
+        values = {**slot.values, "id": sid, "queue": g.queue, "payload": None, "result": None}
+        if slot.result_at is not None:
+            values["result"] = await self._read_part(slot.result_at, sid)
+        if slot.error_at is not None:
+            raw = await self._read_part(slot.error_at, sid)
+            values["error"] = None if raw is None else unpack(raw)
+        return Invocation(**values)
 
-        skip = {"payload", K.OFFLOAD_REFS["payload"]}
-        item = {k: v for k, v in item.items() if k not in skip}
-        keys = [item[ref]["S"] for ref in K.OFFLOAD_REFS.values() if ref in item]
-        fetched: dict[str, bytes | None] = {}
-        for key in keys:
-            fetched[key] = await self._get_object(key)
-        return invocation(item, fetched.get)
+    async def _read_part(self, key: str, sid: str) -> bytes | None:
+        if not is_part(key):
+            return await self._get_object(key)
+        async with self._client("dynamodb") as ddb:
+            out = await ddb.get_item(
+                TableName=self.resources.invocations, Key={"id": {"S": key}}, ConsistentRead=True
+            )
+        return unpack_parts(out["Item"]).get(sid) if "Item" in out else None
 
     async def _get_object(self, key: str) -> bytes | None:
         async with self._client("s3") as s3:

@@ -15,6 +15,10 @@ and it raises if any could not be submitted (the exception's notes name how many
 ``result()`` inside the block first sends what is buffered, so waiting on an id made in
 the block works.
 
+Ids the client makes in a batch (not those given by ``_id=`` or an idempotency key) come
+in groups of up to 16 per queue (see :mod:`dreamlake.lakeshore.plane.ids`), so a store can
+claim and complete many of them in one write.
+
 Submits are idempotent on their ids, so a batch that failed part way can be submitted
 again with the same ids (``_id=``) without doubling anything. The order of submission is
 kept: one sender sends the batches one after the other. The exit also sends when the
@@ -35,6 +39,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
+
+from .plane.ids import GROUP_SIZE
+from .submit import IdGroups
 
 if TYPE_CHECKING:
     from .dispatch import Dispatch
@@ -81,8 +88,13 @@ class Batch:
         self._sender: threading.Thread | None = None
         self._closed = False
         self._token: contextvars.Token[Batch | None] | None = None
+        self._ids = IdGroups()
 
-    # --- what Dispatch.submit calls ---------------------------------------------------------
+    # --- what submits call ----------------------------------------------------------------
+    def new_id(self, dispatch: Dispatch, queue: str) -> str:
+        """An id for a submit to ``queue`` in this batch: the next of that queue's group."""
+        return self._ids.next_id((id(dispatch), queue))
+
     def add(
         self,
         dispatch: Dispatch,
@@ -103,7 +115,7 @@ class Batch:
                     self._queue(self._open.pop(key))
                 group = self._open[key] = _Group(dispatch, spec, strict, tuple(check), [])
             group.subs.extend(subs)
-            if len(group.subs) >= (self.size or dispatch.transport_batch_size()):
+            if len(group.subs) >= (self.size or _whole_groups(dispatch.transport_batch_size())):
                 self._queue(self._open.pop(key))
         return [s.id for s in subs]
 
@@ -215,6 +227,12 @@ class Batch:
             self._finish()
         except BaseException as failed:
             exc.add_note(f"and submitting the batch failed too: {failed!r}")
+
+
+def _whole_groups(limit: int) -> int:
+    """A request's calls by default: the plane's limit, cut to whole id groups (so no
+    group of ids is split between two requests), or the limit if it is below a group."""
+    return limit - limit % GROUP_SIZE or limit
 
 
 def batch(size: int | None = None) -> Batch:

@@ -244,6 +244,8 @@ class _QueueHandle:
             inv_id = opts.id
         elif opts.idempotency_key is not None:
             inv_id = key_id(stored.name, opts.idempotency_key)
+        elif (open_batch := _batch.current()) is not None:
+            inv_id = open_batch.new_id(dp, stored.name)
         else:
             inv_id = new_id()
         sub = Submission(

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
+from collections import deque
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import CancelledError, ExpiredInvocation, InvocationDead
+from .plane.ids import GROUP_SIZE, group_ids
 from .plane.model import Invocation, RetryPolicy, State
 from .wire import decode_error, decode_result, result_blob, verified
 
@@ -16,7 +20,7 @@ if TYPE_CHECKING:
     from .dispatch import Dispatch
     from .transport import Transport
 
-__all__ = ["SubmitOptions", "key_id", "new_id", "outcome"]
+__all__ = ["IdGroups", "SubmitOptions", "key_id", "new_id", "outcome"]
 
 _ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 
@@ -31,6 +35,31 @@ def new_id() -> str:
         n, r = divmod(n, 32)
         chars.append(_ID_ALPHABET[r])
     return "".join(reversed(chars))
+
+
+class IdGroups:
+    """Ids for many submits, made in groups: one open group per key (a queue), whose ids
+    are handed out in order, and a fresh group once its :data:`GROUP_SIZE` are used.
+
+    A store may keep a group's records together, so a claim or a completion of many of
+    them is one write (see :mod:`dreamlake.lakeshore.plane.ids`); ids for one queue are the
+    ones claimed together. Safe to share between threads.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._left: dict[Hashable, deque[str]] = {}
+
+    def next_id(self, key: Hashable) -> str:
+        """The next id for ``key``: the next of its open group, else the first of a new one."""
+        with self._lock:
+            left = self._left.get(key)
+            if left is None:
+                left = self._left[key] = deque(group_ids(new_id(), GROUP_SIZE))
+            inv_id = left.popleft()
+            if not left:
+                del self._left[key]
+            return inv_id
 
 
 def key_id(queue: str, key: str) -> str:

@@ -20,6 +20,7 @@ from dreamlake.lakeshore.api import Limits, Service, bootstrap_admin
 from dreamlake.lakeshore.handlers import apigw
 from dreamlake.lakeshore.handlers.api import make_app
 from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.plane.ids import group_ids, group_of
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.wire import encode_error, encode_result
 
@@ -330,6 +331,33 @@ def test_a_replayed_submit_is_idempotent_and_another_body_is_409(api: Api) -> No
         {"invocations": [{"id": "job-1", "queue": "q", "ref": "math:sqrt", "args": [2.0]}]},
     )
     assert (ans.status, ans.code) == (409, "idempotency_conflict")
+
+
+def test_a_submit_of_many_without_ids_gets_grouped_ids_per_queue(api: Api) -> None:
+    # Given a request of 20 items for "a" and 3 for "b", interleaved, and one with an id
+    producer = api.client("producer")
+    items = [{"queue": "a", "ref": "math:sqrt", "args": [float(i)]} for i in range(20)]
+    for n in range(3):
+        items.insert(2 * n + 1, {"queue": "b", "ref": "math:sqrt", "args": [float(n)]})
+    items.append({"id": "job-1", "queue": "a", "ref": "math:sqrt", "args": [1.0]})
+    # When it is submitted
+    ans = producer.call("POST", "/v1/invocations", {"invocations": items})
+    assert ans.status == 200, ans.body
+    ids = ans.body["ids"]
+    # Then each queue's ids take the ids of a group in order, 16 to a group
+    a = [i for i, item in zip(ids, items, strict=True) if item["queue"] == "a"][:-1]
+    b = [i for i, item in zip(ids, items, strict=True) if item["queue"] == "b"]
+    assert a == group_ids(group_of(a[0]), 16) + group_ids(group_of(a[16]), 4)
+    assert b == group_ids(group_of(b[0]), 3)
+    assert len({group_of(a[0]), group_of(a[16]), group_of(b[0])}) == 3
+    # And the given id is kept, and the plane has each one
+    assert ids[-1] == "job-1"
+    assert {r.id for r in api.plane.get_many(ids)} == set(ids)
+
+
+def test_a_submit_of_one_without_an_id_gets_a_plain_id(api: Api) -> None:
+    inv_id = submit_ref(api.client("producer"), "q", 4.0)
+    assert group_of(inv_id) == inv_id and len(inv_id) == 26
 
 
 def test_listing_invocations_pages_by_cursor(api: Api) -> None:

@@ -243,7 +243,7 @@ def test_a_stack_name_resolves_tables_and_bucket_from_its_outputs(
         q = dls.SyncQueue("direct", dispatch=dp)
         assert q.result(q.submit("math:sqrt", 64.0), timeout=30) == 8.0
     # and a stack without them, or no stack, is a clear error
-    with pytest.raises(ValueError, match=r"no output .*InvocationsTableName"):
+    with pytest.raises(ValueError, match=r"no output .*InvocationGroupsTableName"):
         dls.Dispatch(f"aws://not-lakeshore?{options}")
     with pytest.raises(ValueError, match="does not exist"):
         dls.Dispatch(f"aws://no-such-stack?{options}")

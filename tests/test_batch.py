@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.plane.ids import group_ids, group_of
 from dreamlake.lakeshore.testing import LakeshoreServer
 
 
@@ -63,6 +64,23 @@ def test_embedded_batch_submits_everything_by_the_exit() -> None:
         assert [c.id for c in claims] == ids[:3]
 
 
+def test_ids_made_in_a_batch_come_in_groups_of_sixteen(
+    lakeshore_plane: dls.Dispatch, lakeshore_worker
+) -> None:  # type: ignore[no-untyped-def]
+    # Given an embedded plane with a worker on the queue
+    q = dls.SyncQueue("batched", dispatch=lakeshore_plane)
+    lakeshore_worker(q, dispatch=lakeshore_plane)
+    # When 40 calls are submitted in a batch
+    with dls.batch():
+        ids = [square.submit(i, _dispatch=lakeshore_plane) for i in range(40)]
+    # Then their ids form three groups, of 16, 16 and 8, in order
+    bases = [group_of(ids[0]), group_of(ids[16]), group_of(ids[32])]
+    assert len(set(bases)) == 3
+    assert ids == group_ids(bases[0], 16) + group_ids(bases[1], 16) + group_ids(bases[2], 8)
+    # And every result is right
+    assert [q.result(i, timeout=30) for i in ids] == [i * i for i in range(40)]
+
+
 def test_batch_over_http_sends_few_requests_and_results_arrive(
     remote: dls.Dispatch, lakeshore_worker
 ) -> None:  # type: ignore[no-untyped-def]
@@ -73,8 +91,9 @@ def test_batch_over_http_sends_few_requests_and_results_arrive(
     # When 1,000 calls are submitted inside a batch
     with Counter() as sent, dls.batch():
         ids = [square.submit(i, _dispatch=remote) for i in range(1000)]
-    # Then they took two submit requests (max_batch is 500), not a thousand
-    assert sent.count("POST /v1/invocations") == 2
+    # Then they took three submit requests (max_batch is 500, cut to 496: 31 whole
+    # groups of ids), not a thousand
+    assert sent.count("POST /v1/invocations") == 3
     # And every result is right
     assert sum(q.result(i, timeout=60) for i in ids) == sum(i * i for i in range(1000))
 

@@ -122,14 +122,15 @@ def test_the_hooks_count_requests_and_the_units_of_each_index(
         store.insert(_pending("a", b"x" * 100))
     with meter.measure() as claimed:
         store.update_if("a", {"state": State.PENDING}, {"state": State.RUNNING})
-    # Then the insert is one PutItem: its item, and its pending and by-queue entries
-    assert inserted.requests == {"dynamodb.PutItem": 1}
-    assert inserted.wru == {table: 1, f"{table}.pending": 1, f"{table}.by_queue": 1}
-    # and the claim one UpdateItem: its item, out of pending (the leases index needs a
-    # lease expiry, which this bare update does not set)
-    assert claimed.requests == {"dynamodb.UpdateItem": 1}
+    # Then the insert is two PutItems: its payload item, and its group with the group's
+    # pending and by-queue entries
+    assert inserted.requests == {"dynamodb.PutItem": 2}
+    assert inserted.wru == {table: 2, f"{table}.pending": 1, f"{table}.by_queue": 1}
+    # and the claim a read of the group and its conditional put: the group, out of
+    # pending (the leases index needs a lease expiry, which this bare update does not set)
+    assert claimed.requests == {"dynamodb.GetItem": 1, "dynamodb.PutItem": 1}
     assert claimed.wru == {table: 1, f"{table}.pending": 1}
-    # A strongly consistent read of the ~200-byte item is one read unit
+    # A strongly consistent read of the ~200-byte group item is one read unit
     with meter.measure() as read:
         store.get("a")
     assert (read.requests, read.rru) == ({"dynamodb.GetItem": 1}, 1.0)
@@ -160,8 +161,10 @@ def test_a_tiny_lifecycle_counts_every_layer(cost: ModuleType) -> None:
     assert run.routes["POST /v1/invocations"] == run.routes["POST /v1/claims"] == 1
     assert run.routes["POST /v1/completions"] == run.routes["POST /v1/invocations/wait"] == 1
     # and the store's requests and units were counted, phase by phase
+    # (a call's jobs share a group: its payload item and the group at submit, the group
+    # at claim)
     assert run.phases["submit"].requests["dynamodb.PutItem"] == 2
-    assert run.phases["claim"].requests["dynamodb.UpdateItem"] == 2
+    assert run.phases["claim"].requests["dynamodb.PutItem"] == 1
     assert all(run.phases[p].write_units > 0 for p in ("submit", "claim", "complete"))
     # and small finished records are left to TTL: their purge writes nothing, and they
     # are stored (whole) past their tombstone

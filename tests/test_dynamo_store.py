@@ -18,10 +18,13 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from dreamlake.lakeshore.clock import FakeClock
+from dreamlake.lakeshore.errors import InvalidRequest
 from dreamlake.lakeshore.plane import Invocation, Plane, QueueSpec, State, Submission
+from dreamlake.lakeshore.plane.ids import group_ids
 from dreamlake.lakeshore.plane.model import LogEntry
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.stores import keys as K
+from dreamlake.lakeshore.submit import new_id
 
 pytest.importorskip("moto")
 
@@ -132,16 +135,55 @@ def test_a_pending_invocation_has_only_the_pending_index_keys(
 ) -> None:
     # When a pending invocation due on arrival is inserted
     store.insert(record("a"))
-    item = raw(aws, "a")
-    # Then it sits in its queue's pending partition (and the by-queue index), and in no
-    # other sparse index: its available_at is kept as ready_at, so not in the due index
+    item = raw(aws, "g#a")
+    # Then its group sits in its queue's pending partition (and the by-queue index), and
+    # in no other sparse index: due on arrival, it has no due time
     home = K.shard_home("q", "a")
-    assert item[K.SHARD_HOME] == item[K.PENDING_PK] == {"S": home}
-    assert not {K.LEASE_PK, K.PURGE_PK, K.PURGE_AT, K.DEADLINE, K.COUNTED, K.FINAL} & set(item)
-    assert "available_at" not in item and float(item[K.READY_AT]["N"]) == T0
-    assert index_ids(aws, K.PENDING_INDEX, K.PENDING_PK, home) == ["a"]
+    assert item[K.PENDING_PK] == {"S": home}
+    assert item["order_key"] == {"S": "a"} and float(item["available_at"]["N"]) == T0
+    assert not {K.LEASE_PK, K.PURGE_PK, K.PURGE_AT, K.DUE_AT} & set(item)
+    assert index_ids(aws, K.PENDING_INDEX, K.PENDING_PK, home) == ["g#a"]
     assert index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home) == []
     assert store.get("a") == record("a")
+
+
+def test_a_group_keeps_its_records_in_one_item_and_their_payloads_beside_it(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # When five invocations of one id group are inserted in one call
+    base = new_id()
+    ids = group_ids(base, 5)
+    assert store.insert_many([record(i, order_key=i) for i in ids]) == [None] * 5
+    # Then one group item holds them, its order key the lowest, and one payload item
+    # holds their payloads
+    item = raw(aws, "g#" + base)
+    assert item["order_key"] == {"S": ids[0]}
+    resources, ddb, _ = aws
+    keys = [i["id"]["S"] for i in ddb.scan(TableName=resources.invocations)["Items"]]
+    assert sorted(k[:2] for k in keys) == ["g#", "p#"]
+    assert index_ids(aws, K.PENDING_INDEX, K.PENDING_PK, K.shard_home("q", base)) == ["g#" + base]
+    # And each record reads back whole
+    assert store.get_many(ids) == [record(i, order_key=i) for i in ids]
+    # When three are claimed in one call, the group is written once, still pending
+    with requests(ddb) as seen:
+        claimed = store.update_many_if(
+            [(i, {"state": State.PENDING}, {"state": State.RUNNING}) for i in ids[:3]]
+        )
+    assert [c.id if c else None for c in claimed] == ids[:3]
+    assert seen == Counter({"GetItem": 1, "PutItem": 1})
+    item = raw(aws, "g#" + base)
+    assert item["order_key"] == {"S": ids[3]} and item[K.REV] == {"N": "1"}
+
+
+def test_ids_of_one_group_go_to_one_queue(store: DynamoStore) -> None:
+    a, b, c = group_ids(new_id(), 3)
+    store.insert(record(a, "q"))
+    # a later insert into the group, and one call mixing queues, are refused (a 400)
+    with pytest.raises(InvalidRequest, match="one queue"):
+        store.insert(record(b, "other"))
+    with pytest.raises(InvalidRequest, match="one queue"):
+        store.insert_many([record(b, "q"), record(c, "other")])
+    assert store.get(b) is None and store.get(c) is None
 
 
 def test_only_invocations_scheduled_for_later_are_in_the_due_index(
@@ -152,22 +194,21 @@ def test_only_invocations_scheduled_for_later_are_in_the_due_index(
     store.insert(record("now"))
     home = K.shard_home("q", "later")
     # Then only the delayed one is in the due index, and next_available_at is its time
-    assert index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home) == ["later"]
+    assert index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home) == ["g#later"]
     assert store.next_available_at("q") == T0 + 30
     # When the other is claimed, then failed with a retry backoff (its time rewritten)
     assert store.update_if("now", {"state": State.PENDING}, {"state": State.RUNNING})
     retried = store.update_if(
         "now", {"state": State.RUNNING}, {"state": State.PENDING, "available_at": T0 + 5}
     )
-    # Then it joins the due index under its own name again, and comes due first
+    # Then it joins the due index, and comes due first
     assert retried is not None and retried.available_at == T0 + 5
-    assert K.READY_AT not in raw(aws, "now")
-    assert sorted(index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home)) == ["later", "now"]
+    assert sorted(index_ids(aws, K.DUE_INDEX, K.PENDING_PK, home)) == ["g#later", "g#now"]
     assert store.next_available_at("q") == T0 + 5
     assert [r.id for r in store.pending("q", T0 + 10, 10)] == ["now"]
 
 
-def test_a_claim_writes_no_by_queue_entry_and_a_finish_writes_its_final_state(
+def test_no_write_after_a_groups_creation_changes_its_by_queue_entry(
     store: DynamoStore, aws: tuple[K.Resources, Any, Any]
 ) -> None:
     resources, ddb, _ = aws
@@ -186,15 +227,13 @@ def test_a_claim_writes_no_by_queue_entry_and_a_finish_writes_its_final_state(
     # Given a pending invocation
     store.insert(record("a"))
     submitted = by_queue()
-    # When it is claimed, its by-queue entry does not change (no index write)
+    assert [i["id"]["S"] for i in submitted] == ["g#a"]
+    # When it is claimed, finishes and is retried, its entry stays as it was (keys only)
     assert store.update_if("a", {"state": State.PENDING}, {"state": State.RUNNING})
-    assert by_queue() == submitted
-    # And when it finishes, the entry gets its final state
     assert store.update_if("a", {"state": State.RUNNING}, {"state": State.FAILED})
-    assert [i.get(K.FINAL) for i in by_queue()] == [{"S": "failed"}]
-    # And a retry takes it back out of the finished ones
+    assert store.counts("q", T0) == {"failed": 1}
     assert store.update_if("a", {"state": State.FAILED}, {"state": State.PENDING})
-    assert [i.get(K.FINAL) for i in by_queue()] == [None]
+    assert by_queue() == submitted
     assert store.counts("q", T0) == {"pending": 1}
 
 
@@ -216,14 +255,18 @@ def test_a_claim_moves_an_invocation_from_the_pending_index_to_the_leases_index(
         },
     )
     assert claimed is not None
-    item = raw(aws, "a")
-    # Then it left the pending partition and holds a lease entry and its deadline
+    item = raw(aws, "g#a")
+    # Then its group left the pending partition and holds a lease entry
     assert K.PENDING_PK not in item
     assert item[K.LEASE_PK] == {"S": K.lease_pk("a")}
-    assert float(item[K.DEADLINE]["N"]) == T0 + 30.25
+    assert float(item["lease_expires_at"]["N"]) == T0 + 60
     assert index_ids(aws, K.PENDING_INDEX, K.PENDING_PK, K.shard_home("q", "a")) == []
-    assert index_ids(aws, K.LEASES_INDEX, K.LEASE_PK, K.lease_pk("a")) == ["a"]
+    assert index_ids(aws, K.LEASES_INDEX, K.LEASE_PK, K.lease_pk("a")) == ["g#a"]
     assert item[K.REV] == {"N": "1"}
+    # And the deadline holds: an answer after started_at + timeout is refused
+    expect = {"state": State.RUNNING, "lease_token": "t"}
+    assert store.update_if("a", expect, {"progress": 0.5}, deadline_after=T0 + 30.25) is None
+    assert store.update_if("a", expect, {"progress": 0.5}, deadline_after=T0 + 30.2)
 
 
 def _complete(store: DynamoStore, inv_id: str, result: bytes = b"r") -> None:
@@ -244,19 +287,23 @@ def test_a_finished_invocation_without_objects_is_left_to_ttl(
     store.insert(record("a", state=State.RUNNING, lease_token="t", lease_expires_at=T0 + 60))
     # When it completes with a small result, expiring at T0 + 100
     _complete(store, "a")
-    item = raw(aws, "a")
-    # Then it has left the leases index, is in no expiry partition, and has its TTL
+    item = raw(aws, "g#a")
+    # Then its group has left the leases index, is in no expiry partition, has its TTL
     assert not {K.LEASE_PK, K.PENDING_PK, "lease_expires_at", K.PURGE_PK} & set(item)
     assert int(item[K.PURGE_AT]["N"]) == int(T0 + 100 + K.TTL_AFTER_EXPIRY)
     assert K.TTL_AFTER_EXPIRY > 30 * 86400  # past the default tombstone
-    assert item[K.FINAL] == {"S": "succeeded"}
+    # and the result item beside it expires with the result
+    resources, ddb, s3 = aws
+    parts = [
+        i for i in ddb.scan(TableName=resources.invocations)["Items"] if i["id"]["S"][:2] == "r#"
+    ]
+    assert [int(i[K.PURGE_AT]["N"]) for i in parts] == [int(T0 + 100 + 3600)]
     # And purges, past its expiry and past its tombstone, write nothing: TTL deletes it
-    _, ddb, s3 = aws
     with requests(ddb, s3) as seen:
         assert store.purge(T0 + 100, T0 - 1000) == 0
         assert store.purge(T0 + 5000, T0 + 3000) == 0
-    assert not {"UpdateItem", "DeleteItem", "BatchWriteItem"} & set(seen)
-    assert raw(aws, "a") == item
+    assert not {"UpdateItem", "DeleteItem", "BatchWriteItem", "PutItem"} & set(seen)
+    assert raw(aws, "g#a") == item
 
 
 def test_a_finished_invocation_with_an_offloaded_payload_is_stripped_once(
@@ -271,23 +318,24 @@ def test_a_finished_invocation_with_an_offloaded_payload_is_stripped_once(
     assert objects(aws, "inv/a/") != []
     # When it completes with a small result
     _complete(store, "a")
-    # Then it waits in a strip partition of the expiry index
+    # Then its group waits in a strip partition of the expiry index
     shard = K.expiry_shard("a")
-    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(shard)) == ["a"]
-    # When purge passes its expiry (with a tombstone of 1,100 s), it is stripped, its
-    # object goes, it leaves the index and its TTL becomes the end of its tombstone
+    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(shard)) == ["g#a"]
+    # When purge passes its expiry, it is stripped: its object goes, it leaves the index
+    # and TTL deletes it at its time
     assert store.purge(T0 + 100, T0 - 1000) == 1
-    item = raw(aws, "a")
-    assert not {"payload", "result", K.PURGE_PK, K.OFFLOAD_REFS["payload"]} & set(item)
-    assert int(item[K.PURGE_AT]["N"]) == int(T0 + 100 + 1100)
+    item = raw(aws, "g#a")
+    assert K.PURGE_PK not in item
+    assert int(item[K.PURGE_AT]["N"]) == int(T0 + 100 + K.TTL_AFTER_EXPIRY)
     assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(shard)) == []
     assert objects(aws, "inv/") == []
     # And later purges leave it to TTL: nothing more is written
     _, ddb, s3 = aws
     with requests(ddb, s3) as seen:
         assert store.purge(T0 + 5000, T0 + 3000) == 0
-    assert "UpdateItem" not in seen and "DeleteItem" not in seen
-    assert store.get("a") is not None
+    assert not {"UpdateItem", "DeleteItem", "PutItem"} & set(seen)
+    got = store.get("a")
+    assert got is not None and got.payload is None and got.state is State.SUCCEEDED
 
 
 @pytest.mark.parametrize("order", ["output-first", "finished-first"])
@@ -304,22 +352,24 @@ def test_a_finished_invocation_with_output_is_found_by_purge(
         _complete(store, "a")
         store.append_logs("a", entries)
     # Then it waits in the expiry index, and purge deletes its output past its expiry
-    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.strip_pk(K.expiry_shard("a"))) == ["a"]
+    strip = K.strip_pk(K.expiry_shard("a"))
+    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, strip) == ["g#a"]
     store.purge(T0 + 100, T0 - 1000)
     assert store.read_logs("a", 0, 10) == []
     assert store.get("a") is not None
 
 
-def test_none_is_an_absent_attribute_never_a_null(
+def test_no_attribute_is_a_null_and_none_fields_read_back_none(
     store: DynamoStore, aws: tuple[K.Resources, Any, Any]
 ) -> None:
     # Given a record with a lease token and worker
     store.insert(record("a", lease_token="t", worker="w"))
     # When they are set to None
     store.update_if("a", {"lease_token": "t"}, {"lease_token": None, "worker": None})
-    # Then the attributes are gone, and no attribute anywhere is a NULL
-    item = raw(aws, "a")
-    assert not {"lease_token", "worker", "timeout", "result", "error"} & set(item)
+    # Then they read back None, and no attribute anywhere is a NULL
+    got = store.get("a")
+    assert got is not None and (got.lease_token, got.worker) == (None, None)
+    item = raw(aws, "g#a")
     assert not [name for name, value in item.items() if "NULL" in value]
 
 
@@ -350,27 +400,28 @@ def test_large_payload_result_and_error_go_to_s3_and_read_back(
     rec = record("big", state=State.FAILED, payload=b"p" * BIG, result=b"r" * BIG, error=error)
     # When it is inserted
     assert store.insert(rec) is None
-    # Then the item is small and names its S3 objects; a read restores every field
-    item = raw(aws, "big")
+    # Then the group item is small, its three fields are S3 objects, a read restores all
+    item = raw(aws, "g#big")
     assert sum(len(str(v)) for v in item.values()) < 4096
-    assert set(K.OFFLOAD_REFS.values()) <= set(item)
-    assert objects(aws, "inv/big/") == sorted(item[r]["S"] for r in K.OFFLOAD_REFS.values())
+    assert len(objects(aws, "inv/big/")) == 3
     assert store.get("big") == rec
     assert store.get_many(["big"]) == [rec]
 
 
-def test_a_field_at_the_inline_limit_stays_in_the_item(
+def test_a_field_at_the_inline_limit_stays_in_dynamodb(
     store: DynamoStore, aws: tuple[K.Resources, Any, Any]
 ) -> None:
     limit = K.INLINE_LIMITS["payload"]
     store.insert(record("edge", payload=b"e" * limit))
-    assert "payload" in raw(aws, "edge")
+    assert objects(aws, "inv/edge/") == []
     store.insert(record("over", payload=b"o" * (limit + 1)))
-    assert "payload_ref" in raw(aws, "over")
-    # a result may be larger inline: it is written twice, not six times
+    assert len(objects(aws, "inv/over/")) == 1
     result = b"r" * K.INLINE_LIMITS["result"]
     store.insert(record("done", state=State.SUCCEEDED, result=result))
-    assert raw(aws, "done")["result"] == {"B": result}
+    assert objects(aws, "inv/done/") == []
+    assert [store.get(i).payload for i in ("edge", "over")] == [b"e" * limit, b"o" * (limit + 1)]  # type: ignore[union-attr]
+    got = store.get("done")
+    assert got is not None and got.result == result
 
 
 def test_a_string_field_too_large_for_an_item_is_refused_before_any_request(
@@ -379,7 +430,10 @@ def test_a_string_field_too_large_for_an_item_is_refused_before_any_request(
     _, ddb, s3 = aws
     with requests(ddb, s3) as seen, pytest.raises(ValueError, match="worker"):
         store.insert(record("a", worker="w" * (K.INLINE_MAX + 1)))
-    assert not seen
+    store.insert(record("b"))
+    with requests(ddb, s3) as later, pytest.raises(ValueError, match="worker"):
+        store.update_if("b", {}, {"worker": "w" * (K.INLINE_MAX + 1)})
+    assert not seen and not later
 
 
 def test_reading_candidates_fetches_no_offloaded_field(
@@ -468,11 +522,12 @@ def test_a_record_with_its_error_in_s3_is_deleted_with_it_at_the_tombstones_end(
     store.insert(record("bad", state=State.FAILED, error=error, expires_at=T0 - 1))
     [obj] = objects(aws, "inv/bad/")
     # When it is stripped, the error stays readable (TTL would orphan its object, so the
-    # record waits in the bury partition instead)
+    # group waits in the bury partition instead)
     assert store.purge(T0, T0 - 1000) == 1
     stripped = store.get("bad")
-    assert stripped is not None and stripped.error == error and stripped.payload is None
-    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, K.bury_pk(K.expiry_shard("bad"))) == ["bad"]
+    assert stripped is not None and stripped.error == error
+    bury = K.bury_pk(K.expiry_shard("bad"))
+    assert index_ids(aws, K.EXPIRY_INDEX, K.PURGE_PK, bury) == ["g#bad"]
     # Then past its tombstone purge deletes it, object and all
     assert store.purge(T0 + 2000, T0 + 1000) == 1
     assert store.get("bad") is None
@@ -480,66 +535,54 @@ def test_a_record_with_its_error_in_s3_is_deleted_with_it_at_the_tombstones_end(
 
 
 # =======================================================================================
-# The pending index projects only what a claim reads (keys.PENDING_INCLUDE)
+# A claim reads entries of the pending index, then their groups
 # =======================================================================================
 
 
-@pytest.fixture
-def slim_store(store: DynamoStore, aws: tuple[K.Resources, Any, Any]) -> DynamoStore:
-    """The store, its template-built pending index projecting PENDING_INCLUDE."""
-    resources, ddb, _ = aws
-    described = ddb.describe_table(TableName=resources.invocations)["Table"]
-    (pending,) = [
-        i for i in described["GlobalSecondaryIndexes"] if i["IndexName"] == K.PENDING_INDEX
-    ]
-    assert set(pending["Projection"]["NonKeyAttributes"]) == set(K.PENDING_INCLUDE)
-    return store
-
-
-def test_candidates_from_a_slim_pending_index_read_the_rest_only_when_used(
-    slim_store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+def test_candidates_are_read_from_the_index_and_their_groups_payloads_when_used(
+    open_store: Callable[[], DynamoStore], aws: tuple[K.Resources, Any, Any]
 ) -> None:
     _, ddb, s3 = aws
-    # Given two pending records, one with an offloaded payload
+    # Given two pending records, one with an offloaded payload, submitted elsewhere
     small = record("a", timeout=30.0, worker="w0", priority=2.0)
     big = record("b", payload=b"p" * BIG, available_at=T0 - 5)
-    for rec in (small, big):
-        slim_store.insert(rec)
-    # When the candidates are read, one Query reads all a claim needs
+    open_store().insert_many([small, big])
+    store = open_store()
+    # When the candidates are read: one Query, one read of their groups, nothing else
     with requests(ddb, s3) as seen:
-        got = slim_store.pending("q", T0, 10)
-        assert [(c.id, c.attempt, c.timeout, c.priority, c.available_at) for c in got] == [
-            ("a", 0, 30.0, 2.0, T0),
-            ("b", 0, None, 0.0, T0 - 5),
+        got = store.pending("q", T0, 10)
+        assert [(c.id, c.attempt, c.timeout, c.worker, c.available_at) for c in got] == [
+            ("a", 0, 30.0, "w0", T0),
+            ("b", 0, None, None, T0 - 5),
         ]
-        assert [c.state for c in got] == [State.PENDING, State.PENDING]
-    assert seen == Counter({"Query": 1})
-    # Then a field the index does not carry is read from the item, once
+    assert seen == Counter({"Query": 1, "BatchGetItem": 1})
+    # Then a payload is read when used: from its payload item (once) or from S3
     with requests(ddb, s3) as seen:
-        assert got[0].worker == "w0"
-        assert got[0] == small
+        assert got[0] == small and got[0].payload == small.payload
     assert seen == Counter({"GetItem": 1})
-    # and an offloaded one from S3 after that
     with requests(ddb, s3) as seen:
         assert got[1] == big
-    assert seen == Counter({"GetItem": 1, "GetObject": 1})
+    assert seen == Counter({"GetObject": 1})
 
 
-def test_the_plane_claims_through_a_slim_pending_index(
-    slim_store: DynamoStore, aws: tuple[K.Resources, Any, Any], clock: FakeClock
+def test_a_claim_of_many_reads_and_writes_each_group_once(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any], clock: FakeClock
 ) -> None:
     _, ddb, _ = aws
-    plane = Plane(slim_store, clock=clock)
+    plane = Plane(store, clock=clock)
     plane.ensure_queue(QueueSpec("q", kind="priority"))
-    plane.submit([Submission("low", "q", b"1", priority=1), Submission("high", "q", b"2", 5)])
-    plane.claim(["q"], "w", limit=1)  # the first claim sweeps; the next ones are measured
+    ids = group_ids(new_id(), 10)
+    plane.submit([Submission(i, "q", b"%d" % n, priority=n) for n, i in enumerate(ids)])
+    plane.claim(["q"], "w", limit=1)  # the first claim sweeps; the next one is measured
     with requests(ddb) as seen:
-        [claim] = plane.claim(["q"], "w", limit=1)
-    # The claim read the candidate from the index alone, and got its payload from the update
-    assert (claim.id, claim.payload) == ("low", b"1")
-    assert seen["GetItem"] == 1  # the queue's spec
-    plane.complete(claim.id, claim.lease_token, b"r")
-    assert plane.get("low").result == b"r"
+        claims = plane.claim(["q"], "w", limit=5)
+    # Then the five next by priority, their payloads from the one payload item
+    assert [c.payload for c in claims] == [b"8", b"7", b"6", b"5", b"4"]
+    assert seen["Query"] == 1 and seen["PutItem"] == 1
+    # (the queue's spec, the group before its write, the payload item)
+    assert seen["GetItem"] + seen["BatchGetItem"] <= 4
+    plane.complete_many([(c.id, c.lease_token, b"r") for c in claims])
+    assert [plane.get(c.id).result for c in claims] == [b"r"] * 5
 
 
 # =======================================================================================
@@ -802,14 +845,17 @@ def test_requests_per_submit_claim_and_complete(
     print(
         f"\nrequests per job: submit {dict(submit)}, claim {dict(claim)}, complete {dict(complete)}"
     )
-    # Then a submit is a queue read, the conditional put and an activity touch
-    assert submit == Counter({"GetItem": jobs, "PutItem": jobs, "UpdateItem": jobs})
-    # a claim is the sweep's lease queries, a queue read, one pending Query, the
-    # conditional update and an activity touch
+    # Then a submit is a queue read, its payload item, the conditional put of its group
+    # and an activity touch
+    assert submit == Counter({"GetItem": jobs, "PutItem": 2 * jobs, "UpdateItem": jobs})
+    # a claim is the sweep's lease queries, a queue read, one pending Query and the read
+    # of the groups it names, the group's read and conditional put, an activity touch
+    # (the payload item was written by this handle, which keeps it)
     queries = jobs * (K.LEASE_SHARDS + K.PENDING_SHARDS)
-    assert claim == Counter({"Query": queries, "GetItem": jobs, "UpdateItem": 2 * jobs})
-    # and a complete is one conditional update
-    assert complete == Counter({"UpdateItem": jobs})
+    assert (claim["Query"], claim["PutItem"], claim["UpdateItem"]) == (queries, jobs, jobs)
+    assert claim["GetItem"] + claim["BatchGetItem"] == 3 * jobs
+    # and a complete is the group's read, the result item and the group's conditional put
+    assert complete == Counter({"GetItem": jobs, "PutItem": 2 * jobs})
 
 
 # =======================================================================================
@@ -839,15 +885,16 @@ def test_an_update_whose_answer_was_lost_is_not_refused_by_its_own_retry(
     store.insert(record("a"))
     _, ddb, _ = aws
     # When a claim's first attempt succeeds but its answer is lost, and botocore retries
-    with requests(ddb) as seen, first_answer_lost(ddb, "UpdateItem"):
+    with requests(ddb) as seen, first_answer_lost(ddb, "PutItem"):
         claimed = store.update_if(
             "a", {"state": State.PENDING}, {"state": State.RUNNING, "lease_token": "mine"}
         )
     # Then the retry's failed condition is recognised as the claim's own write
-    assert seen == Counter({"UpdateItem": 1})
+    assert seen == Counter({"GetItem": 1, "PutItem": 1})
     assert claimed is not None and claimed.lease_token == "mine"
+    assert store.get("a") == claimed
     # While a refusal after a retry that someone else's write caused stays a refusal
-    with first_answer_lost(ddb, "UpdateItem"):
+    with first_answer_lost(ddb, "PutItem"):
         assert store.update_if("a", {"state": State.RUNNING}, {"lease_token": "theirs"})
         assert store.update_if("a", {"state": State.PENDING}, {"lease_token": "late"}) is None
 
@@ -922,6 +969,5 @@ def test_a_plane_that_does_not_keep_payloads_deletes_an_offloaded_one_on_success
     plane.complete("big", claim.lease_token, b"r")
     # Then its payload object is gone at once, and nothing is left for purge to do
     assert objects(aws, "inv/") == []
-    item = raw(aws, "big")
-    assert not {"payload", K.OFFLOAD_REFS["payload"], K.PURGE_PK} & set(item)
-    assert plane.get("big").result == b"r"
+    assert K.PURGE_PK not in raw(aws, "g#big")
+    assert plane.get("big").result == b"r" and plane.get("big").payload is None

@@ -363,6 +363,8 @@ class Faults:
     errors: dict[tuple[str, str, str], tuple[int, str, float]] = field(default_factory=dict)
     #: (service, operation, table) → successful answers still to lose (botocore resends)
     lose: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    #: the same, counting only conditional writes (a group's, not a payload item's)
+    lose_guarded: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     #: (service, operation, table or "") → requests sent (each attempt)
     sent: Counter[tuple[str, str, str]] = field(default_factory=Counter)
     #: every call the handler's clients made: (service, operation, parameters)
@@ -420,9 +422,13 @@ class Faults:
     ) -> float | None:
         _, service, op = event_name.split(".")
         key = (service, op, self._table(service, request_dict.get("body")))
-        if response is not None and response[0].status_code < 300 and self.lose[key]:
-            self.lose[key] -= 1
-            return 0.0  # botocore resends a request that had in fact succeeded
+        if response is None or response[0].status_code >= 300:
+            return None
+        guarded = b"ConditionExpression" in (request_dict.get("body") or b"")
+        for lose in (self.lose, self.lose_guarded) if guarded else (self.lose,):
+            if lose[key]:
+                lose[key] -= 1
+                return 0.0  # botocore resends a request that had in fact succeeded
         return None
 
 
@@ -590,9 +596,10 @@ def test_a_throttled_write_is_retried_and_recorded_once(stack: Stack) -> None:
     stack.faults.fail(*invocations[:2], 400, "ThrottlingException", table=invocations[2], times=2)
     # When a submit comes in
     status, body, _ = stack.call("POST", "/v1/invocations", {"invocations": [submission("t-1")]})
-    # Then botocore's retries absorbed it: one answer, one record
+    # Then botocore's retries absorbed it: one answer, one record (two refused attempts,
+    # then the payload item and the group item)
     assert (status, body["ids"]) == (200, ["t-1"])
-    assert stack.faults.sent[invocations] == 3
+    assert stack.faults.sent[invocations] == 4
     assert list(stack.records("jobs")) == ["t-1"]
 
 
@@ -650,21 +657,21 @@ def test_an_s3_5xx_on_a_blob_put_is_retried_then_a_503(stack: Stack) -> None:
 
 
 def test_a_lost_answer_to_a_write_is_resent_and_recognised(stack: Stack) -> None:
-    # Given the answers to a submit's PutItem and a completion's UpdateItem are lost once
-    # (they landed; botocore resends them)
+    # Given the answers to the conditional group writes of a submit and of a completion
+    # are lost once (they landed; botocore resends them, and their conditions fail)
     table = stack.resources.invocations
-    stack.faults.lose[("dynamodb", "PutItem", table)] = 1
+    stack.faults.lose_guarded[("dynamodb", "PutItem", table)] = 1
     status, body, _ = stack.call("POST", "/v1/invocations", {"invocations": [submission("l-1")]})
     assert (status, body["ids"]) == (200, ["l-1"])
     _, body, _ = stack.call("POST", "/v1/claims", {"queues": ["jobs"], "worker": "w1"})
     lease = {"id": "l-1", "lease_token": body["claims"][0]["lease_token"]}
-    stack.faults.lose[("dynamodb", "UpdateItem", table)] = 1
+    stack.faults.lose_guarded[("dynamodb", "PutItem", table)] = 1
     _, body, _ = stack.call(
         "POST", "/v1/completions", {"results": [{**lease, "result": result_of(2)}]}
     )
     # Then both answer success and the records show one invocation, succeeded once
     assert body["answers"][0]["ok"] is True
-    assert not +stack.faults.lose
+    assert not +stack.faults.lose_guarded
     [rec] = stack.records("jobs").values()
     assert (rec.id, rec.state, rec.attempt) == ("l-1", State.SUCCEEDED, 1)
 
@@ -679,14 +686,14 @@ def test_two_claimers_racing_for_one_invocation_each_get_their_own(stack: Stack)
         rival_claims.extend(stack.plane().claim(["jobs"], "rival"))
 
     # When a rival claims the head between the API's read and its conditional write
-    stack.faults.before[("dynamodb", "UpdateItem", stack.resources.invocations)] = (
-        rival_claims_the_head
-    )
+    puts = ("dynamodb", "PutItem", stack.resources.invocations)
+    stack.faults.before[puts] = rival_claims_the_head
+    sent = stack.faults.sent[puts]
     status, body, _ = stack.call("POST", "/v1/claims", {"queues": ["jobs"], "worker": "w1"})
     # Then the API's condition failed on r-1, so it took r-2: no error, no double claim
     assert status == 200
     # (three conditional writes: the rival's, the API's refused one, the API's on r-2)
-    assert stack.faults.sent[("dynamodb", "UpdateItem", stack.resources.invocations)] == 3
+    assert stack.faults.sent[puts] - sent == 3
     assert [c.id for c in rival_claims] == ["r-1"]
     assert [c["id"] for c in body["claims"]] == ["r-2"]
     recs = stack.records("jobs")

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from dreamlake.lakeshore.clock import FakeClock
-from dreamlake.lakeshore.errors import InvalidRequest, UnknownInvocation
+from dreamlake.lakeshore.errors import InvalidRequest, LeaseLost, UnknownInvocation
 from dreamlake.lakeshore.plane import (
     Invocation,
     Plane,
@@ -29,7 +29,9 @@ from dreamlake.lakeshore.plane import (
     Store,
     Submission,
 )
+from dreamlake.lakeshore.plane.ids import group_ids
 from dreamlake.lakeshore.stores import SqliteStore
+from dreamlake.lakeshore.submit import new_id
 
 # ---------------------------------------------------------------------------------------
 # The stores under test.
@@ -575,6 +577,269 @@ def _race_for(ids: list[str], handles: list[Store]) -> list[str]:
 
 
 # =======================================================================================
+# insert_many and update_many_if: many records in one call, each on its own
+# =======================================================================================
+
+
+def full_record(inv_id: str) -> Invocation:
+    """A record with every optional field set."""
+    return record(
+        inv_id,
+        state=State.RUNNING,
+        priority=-2.5,
+        timeout=30.0,
+        retry=RetryPolicy(max=2, backoff=0.5, max_backoff=10.0),
+        attempt=2,
+        lease_token="tok-" + inv_id,
+        lease_expires_at=T0 + 60,
+        worker="w1",
+        started_at=T0 + 1,
+        finished_at=T0 + 2,
+        expires_at=T0 + 3,
+        result=b"\x00\xffresult of " + inv_id.encode(),
+        error={"type": "ValueError", "message": "bad", "traceback": "", "pickled": b"\x80"},
+    )
+
+
+def one_group(n: int) -> list[str]:
+    """``n`` ids of one fresh group, as a client makes them for a batch of submits."""
+    return group_ids(new_id(), n)
+
+
+def test_insert_many_of_new_ids_returns_none_for_each_and_keeps_every_field(
+    store: Store,
+) -> None:
+    # Given records of one group and plain ids, some with every optional field set
+    grouped = one_group(5)
+    recs = [full_record(grouped[0]), *(record(i) for i in grouped[1:])]
+    recs += [full_record("plain-1"), record("plain-2")]
+    # When they are inserted in one call
+    answers = store.insert_many(recs)
+    # Then each is new, and reads back equal field for field, one by one and together
+    assert answers == [None] * len(recs)
+    for rec in recs:
+        assert store.get(rec.id) == rec
+    got = store.get_many([rec.id for rec in recs])
+    assert sorted(got, key=lambda r: r.id) == sorted(recs, key=lambda r: r.id)
+
+
+def test_insert_many_of_existing_ids_returns_the_existing_records_and_changes_nothing(
+    store: Store,
+) -> None:
+    # Given stored records, one grouped and one plain
+    (grouped,) = one_group(1)
+    originals = [full_record(grouped), record("plain", payload=b"first")]
+    assert store.insert_many(originals) == [None, None]
+    # When records with the same ids and other contents are inserted
+    others = [record(grouped, payload=b"second"), record("plain", request_digest="other")]
+    answers = store.insert_many(others)
+    # Then the stored records are returned, and kept
+    assert answers == originals
+    assert [store.get(rec.id) for rec in originals] == originals
+
+
+def test_insert_many_answers_a_mix_of_new_and_existing_ids_in_order(store: Store) -> None:
+    # Given three ids of a group and one plain id stored
+    ids = one_group(6)
+    stored = [record(ids[0]), record(ids[2]), record(ids[5]), record("plain-old")]
+    insert_all(store, *stored)
+    # When the whole group and plain ids, old and new, are inserted in one call
+    batch = [record(i, payload=b"new") for i in [*ids, "plain-old", "plain-new"]]
+    answers = store.insert_many(batch)
+    # Then each existing id answers its stored record, each new one None, in order
+    by_id = {rec.id: rec for rec in stored}
+    assert answers == [by_id.get(rec.id) for rec in batch]
+    # And the new ones are stored as given while the old ones are kept
+    for rec in batch:
+        assert store.get(rec.id) == by_id.get(rec.id, rec)
+
+
+def test_insert_many_of_one_id_twice_inserts_the_first_and_answers_it_to_the_second(
+    store: Store,
+) -> None:
+    # Given one call holding two records with the same (grouped) id and another id
+    (grouped,) = one_group(1)
+    first, second = record(grouped, payload=b"first"), record(grouped, payload=b"second")
+    # When it is inserted
+    answers = store.insert_many([first, record("other"), second])
+    # Then the first is inserted and the second answered with it, as two inserts would
+    assert answers == [None, None, first]
+    assert store.get(grouped) == first
+
+
+def test_insert_many_of_nothing_is_empty(store: Store) -> None:
+    assert store.insert_many([]) == []
+
+
+def test_update_many_if_answers_each_update_in_order_and_applies_only_those_that_hold(
+    store: Store,
+) -> None:
+    # Given pending and running records, grouped and plain
+    ids = one_group(3)
+    held = {"state": State.RUNNING, "lease_token": "t1"}
+    originals = [record(ids[0]), record(ids[1]), record(ids[2], **held), record("plain", **held)]
+    insert_all(store, *originals)
+    done = {"state": State.SUCCEEDED, "result": b"r"}
+    # When one call updates each, some expecting what holds and some not, and a missing id
+    answers = store.update_many_if(
+        [
+            (ids[0], {"state": State.PENDING, "attempt": 0}, {"attempt": 1}),
+            (ids[1], {"state": State.PENDING, "attempt": 1}, {"attempt": 2}),
+            ("ghost", {"state": State.PENDING}, {"attempt": 1}),
+            (ids[2], {"state": State.RUNNING, "lease_token": "t0"}, done),
+            ("plain", held, done),
+        ]
+    )
+    # Then the answers are the updated records where the expect held, None elsewhere
+    applied = [record(ids[0], attempt=1), record("plain", **{**held, **done})]
+    assert answers == [applied[0], None, None, None, applied[1]]
+    # And only those records changed; nothing was created
+    assert store.get(ids[0]) == applied[0]
+    assert store.get("plain") == applied[1]
+    assert [store.get(ids[1]), store.get(ids[2])] == originals[1:3]
+    assert store.get("ghost") is None
+
+
+def test_update_many_if_deadline_after_refuses_only_records_past_their_timeout(
+    store: Store,
+) -> None:
+    # Given running records started at T0: two of a group with 10 s and 60 s timeouts,
+    # and one without a timeout
+    late, early = one_group(2)
+    running = {"state": State.RUNNING, "started_at": T0}
+    insert_all(
+        store,
+        record(late, timeout=10.0, **running),
+        record(early, timeout=60.0, **running),
+        record("untimed", **running),
+    )
+    done = {"state": State.SUCCEEDED}
+    # When one call answers all three after the first's deadline
+    answers = store.update_many_if(
+        [(i, {"state": State.RUNNING}, done) for i in (late, early, "untimed")],
+        deadline_after=T0 + 10,
+    )
+    # Then the timed-out one is refused and stays running, the others are applied
+    assert [None if a is None else a.state for a in answers] == [
+        None,
+        State.SUCCEEDED,
+        State.SUCCEEDED,
+    ]
+    assert store.get(late).state is State.RUNNING  # type: ignore[union-attr]
+
+
+def test_update_many_if_running_below_caps_the_records_queue(store: Store) -> None:
+    # Given four pending invocations of q (grouped), one started under a cap, and one
+    # pending invocation of another queue
+    ids = one_group(4)
+    insert_all(store, *(record(i) for i in ids), record("o", "other"))
+    start = {"state": State.RUNNING}
+    assert store.update_if(ids[0], {"state": State.PENDING}, start, running_below=2)
+    # When one call starts the three pending ones of q and the other queue's under a cap
+    # of two running per queue
+    answers = store.update_many_if(
+        [(i, {"state": State.PENDING}, start) for i in [*ids[1:], "o"]], running_below=2
+    )
+    # Then q gets one more running, never more than the cap; the other queue's starts
+    assert sum(a is not None for a in answers[:3]) == 1
+    assert answers[3] is not None and answers[3].state is State.RUNNING
+    assert store.running("q") == 2
+    # And a single update under the full cap is refused
+    refused = next(i for i, a in zip(ids[1:], answers, strict=False) if a is None)
+    assert store.update_many_if([(refused, {"state": State.PENDING}, start)], running_below=2) == [
+        None
+    ]
+    assert store.get(refused) == record(refused)
+
+
+def test_update_many_if_of_nothing_is_empty(store: Store) -> None:
+    assert store.update_many_if([]) == []
+
+
+def test_update_many_if_updates_a_groups_ids_in_one_call_and_keeps_the_others(
+    store: Store,
+) -> None:
+    # Given a stored group of eight
+    ids = one_group(8)
+    insert_all(store, *(record(i) for i in ids))
+    # When one call leases every other id of it, and a second call the rest
+    first = _lease_all(store, ids[0::2], "first")
+    second = _lease_all(store, ids[1::2], "second")
+    # Then every lease is applied, and the first call's survive the second's
+    assert first == [f"first-{i}" for i in ids[0::2]]
+    assert second == [f"second-{i}" for i in ids[1::2]]
+    tokens = {r.id: r.lease_token for r in store.get_many(ids)}
+    assert tokens == {i: f"{'first' if n % 2 == 0 else 'second'}-{i}" for n, i in enumerate(ids)}
+    # And a call racing for ids already taken gets none of them
+    assert _lease_all(store, ids, "late") == []
+
+
+def test_update_many_if_racing_calls_on_one_group_each_lease_their_records(
+    store: Store,
+) -> None:
+    # Given a stored group of sixteen
+    ids = one_group(16)
+    insert_all(store, *(record(i) for i in ids))
+    # When four threads at once each lease their own quarter of it, and four more
+    # each try to lease all of it
+    quarters = [ids[n::4] for n in range(4)]
+    wanted = [*quarters, *([ids] * 4)]
+    won = _race_many(wanted, [store] * len(wanted))
+    # Then every record is leased exactly once, and holds its winner's token
+    tokens = sorted(token for tokens in won for token in tokens)
+    assert sorted(str(r.lease_token) for r in store.get_many(ids)) == tokens
+    assert len(tokens) == len(ids)
+
+
+def test_update_many_if_racing_from_two_handles_on_one_group_keeps_every_lease(
+    store: Store, open_another: Opener
+) -> None:
+    # Given a stored group of sixteen and a second handle onto the same data
+    ids = one_group(16)
+    insert_all(store, *(record(i) for i in ids))
+    other = open_another()
+    # When threads on the two handles lease the group's even and odd ids at once, and
+    # others try to lease all of it
+    wanted = [ids[0::2], ids[1::2], ids, ids]
+    won = _race_many(wanted, [store, other, store, other])
+    # Then every record is leased exactly once, and both handles see its winner's token
+    tokens = sorted(token for tokens in won for token in tokens)
+    assert len(tokens) == len(ids)
+    assert sorted(str(r.lease_token) for r in store.get_many(ids)) == tokens
+    assert sorted(str(r.lease_token) for r in other.get_many(ids)) == tokens
+
+
+def _lease_all(store: Store, ids: list[str], who: str) -> list[str]:
+    """Lease ``ids`` (pending at attempt 0) in one call; the tokens of those leased."""
+    answers = store.update_many_if(
+        [
+            (
+                i,
+                {"state": State.PENDING, "attempt": 0},
+                {"state": State.RUNNING, "attempt": 1, "lease_token": f"{who}-{i}"},
+            )
+            for i in ids
+        ]
+    )
+    for inv_id, answer in zip(ids, answers, strict=True):
+        assert answer is None or answer.lease_token == f"{who}-{inv_id}"
+    return [str(answer.lease_token) for answer in answers if answer is not None]
+
+
+def _race_many(wanted: list[list[str]], handles: list[Store]) -> list[list[str]]:
+    """Threads (one per handle) each lease their ``wanted`` ids in one call at once;
+    the tokens each won."""
+    start = threading.Barrier(len(handles))
+
+    def contender(n: int) -> list[str]:
+        start.wait(timeout=30)
+        return _lease_all(handles[n], wanted[n], f"t{n}")
+
+    with ThreadPoolExecutor(max_workers=len(handles)) as pool:
+        return list(pool.map(contender, range(len(handles))))
+
+
+# =======================================================================================
 # pending, next_available_at, expired_leases, counts
 # =======================================================================================
 
@@ -979,6 +1244,122 @@ def test_a_delayed_high_priority_submission_goes_first_once_due(
     clock.advance(5)
     # Then the high priority one goes ahead of the remaining low one
     assert drain(plane, q) == ["urgent-later", "routine-2"]
+
+
+# =======================================================================================
+# Batches through the plane: a claim, completions and failures of many grouped records
+# =======================================================================================
+
+
+#: the writes of records a plane asks of its store
+WRITES = ("insert", "insert_many", "update_if", "update_many_if")
+
+
+@contextmanager
+def store_writes(store: Store) -> Iterator[list[str]]:
+    """The names of the record writes the plane asks of ``store`` in the block, in order
+    (what a store method calls of its own within one call is not counted)."""
+    calls: list[str] = []
+    depth = 0
+
+    def spy(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            nonlocal depth
+            if not depth:
+                calls.append(name)
+            depth += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                depth -= 1
+
+        return call
+
+    for name in WRITES:
+        setattr(store, name, spy(name, getattr(store, name)))
+    try:
+        yield calls
+    finally:
+        for name in WRITES:
+            delattr(store, name)
+
+
+def grouped_submissions(plane: Plane, name: str, n: int, **options: Any) -> list[str]:
+    """Submit ``n`` invocations in one call, with ids of groups of 16 as a client makes
+    them; their ids in submission order."""
+    ids = [i for start in range(0, n, 16) for i in group_ids(new_id(), min(16, n - start))]
+    subs = [Submission(i, name, b"args of " + i.encode(), **options) for i in ids]
+    with store_writes(plane.store) as writes:
+        assert plane.submit(subs) == ids
+    assert writes == ["insert_many"]
+    return ids
+
+
+def test_a_claim_of_many_completes_in_one_batch_refusing_only_a_stale_lease(
+    plane: Plane,
+) -> None:
+    # Given a queue holding 25 grouped submissions
+    q = queue(plane, "fifo")
+    ids = grouped_submissions(plane, q, 25)
+    # When a worker claims ten
+    with store_writes(plane.store) as writes:
+        claims = plane.claim([q], "w", limit=10)
+    # Then it gets the first ten in one write, each leased to it with its own token and
+    # payload
+    assert writes == ["update_many_if"]
+    assert [c.id for c in claims] == ids[:10]
+    assert len({c.lease_token for c in claims}) == 10
+    assert all(c.payload == b"args of " + c.id.encode() for c in claims)
+    # When it completes them in one batch, one with a stale token
+    items = [(c.id, "stale" if n == 3 else c.lease_token, b"ok") for n, c in enumerate(claims)]
+    with store_writes(plane.store) as writes:
+        answers = plane.complete_many(items)
+    # Then they are written in one call; exactly that one is refused with LeaseLost, and
+    # the others succeed
+    assert writes == ["update_many_if"]
+    assert [type(a) for a in answers] == [type(None)] * 3 + [LeaseLost] + [type(None)] * 6
+    states = {r.id: (r.state, r.result) for r in plane.get_many(ids[:10])}
+    assert states == {
+        c.id: (State.RUNNING, None) if n == 3 else (State.SUCCEEDED, b"ok")
+        for n, c in enumerate(claims)
+    }
+    # And the rest of the queue is still there to claim
+    assert [c.id for c in plane.claim([q], "w", limit=20)] == ids[10:]
+
+
+def test_fail_many_reschedules_what_the_retry_policy_allows(plane: Plane, clock: FakeClock) -> None:
+    # Given six grouped submissions with one retry after 10 s, all claimed
+    q = queue(plane, "fifo")
+    ids = grouped_submissions(plane, q, 6, retry=RetryPolicy(max=1, backoff=10.0))
+    claims = plane.claim([q], "w", limit=6)
+    assert [c.id for c in claims] == ids
+    error = {"type": "builtins.ValueError", "message": "boom", "traceback": "", "pickled": None}
+    # When a batch fails them, one with a stale token and one as not retryable
+    items = [
+        (c.id, "stale" if n == 1 else c.lease_token, error, n != 4) for n, c in enumerate(claims)
+    ]
+    with store_writes(plane.store) as writes:
+        answers = plane.fail_many(items)
+    # Then they are written in one call; only the stale one is refused, the retryable
+    # ones are scheduled again, and the other has failed
+    assert writes == ["update_many_if"]
+    assert [type(a) for a in answers] == [type(None), LeaseLost] + [type(None)] * 4
+    assert [plane.state(i) for i in ids] == [
+        State.SCHEDULED,
+        State.RUNNING,
+        State.SCHEDULED,
+        State.SCHEDULED,
+        State.FAILED,
+        State.SCHEDULED,
+    ]
+    # And once the backoff has passed, the rescheduled ones are claimed at attempt 2
+    clock.advance(10)
+    again = plane.claim([q], "w", limit=10)
+    assert [(c.id, c.attempt) for c in again] == [(ids[n], 2) for n in (0, 2, 3, 5)]
+    # And their retry used, a second failure fails them
+    retried = [(c.id, c.lease_token, error, True) for c in again]
+    assert plane.fail_many(retried) == [None] * 4
+    assert {plane.state(c.id) for c in again} == {State.FAILED}
 
 
 # =======================================================================================

@@ -81,21 +81,22 @@ def test_the_invocations_table_has_exactly_the_indexes_keys_names(
     assert set(indexes) == K.INVOCATION_INDEXES
     assert {name: _keys(i["KeySchema"]) for name, i in indexes.items()} == {
         K.PENDING_INDEX: (K.PENDING_PK, "order_key"),
-        K.DUE_INDEX: (K.PENDING_PK, "available_at"),
+        K.DUE_INDEX: (K.PENDING_PK, K.DUE_AT),
         K.LEASES_INDEX: (K.LEASE_PK, "lease_expires_at"),
         K.EXPIRY_INDEX: (K.PURGE_PK, "expires_at"),
         K.QUEUE_INDEX: ("queue", "id"),
     }
-    # the pending index carries what a claim reads of a candidate (one Query; the rest
-    # is read when used); the by-queue index exactly the attributes counts and deletion read
+    # the pending index carries what a claim filters on and the payload renewal reads;
+    # the leases index the renewal's attribute; the by-queue index nothing (keys only),
+    # so only a group's creation writes its entry
     pending = indexes[K.PENDING_INDEX]["Projection"]
     assert pending["ProjectionType"] == "INCLUDE"
     assert K.PENDING_INDEX_ATTRS == K.PENDING_INCLUDE
     assert set(pending["NonKeyAttributes"]) == set(K.PENDING_INCLUDE)
-    by_queue = indexes[K.QUEUE_INDEX]["Projection"]
-    assert by_queue["ProjectionType"] == "INCLUDE"
-    assert set(by_queue["NonKeyAttributes"]) == set(K.QUEUE_INDEX_ATTRS)
-    assert set(K.QUEUE_INDEX_ATTRS) >= set(K.OFFLOAD_REFS.values())
+    leases = indexes[K.LEASES_INDEX]["Projection"]
+    assert set(leases["NonKeyAttributes"]) == set(K.LEASES_INCLUDE)
+    for name in (K.QUEUE_INDEX, K.DUE_INDEX, K.EXPIRY_INDEX):
+        assert indexes[name]["Projection"]["ProjectionType"] == "KEYS_ONLY"
 
 
 def test_every_table_has_the_keys_the_code_uses(stack: tuple[K.Resources, Any, Any]) -> None:

@@ -23,7 +23,7 @@ from ..metrics import Registry
 from ..plane import Plane
 from ..plane.model import Invocation, QueueSpec, RetryPolicy, State, Submission
 from ..plane.store import WakeObjects, wake_objects
-from ..submit import new_id
+from ..submit import IdGroups, new_id
 from ..wire import (
     PICKLE_PROTOCOL,
     PY_VERSION,
@@ -104,8 +104,9 @@ def _retry(value: Any) -> RetryPolicy | None:
     return RetryPolicy(**body)
 
 
-def _error(exc: LakeshoreError) -> dict[str, str]:
-    return {"code": exc.code, "message": str(exc)}
+def _error(exc: Exception) -> dict[str, str]:
+    code = exc.code if isinstance(exc, LakeshoreError) else "internal"
+    return {"code": code, "message": str(exc)}
 
 
 def _spec_view(spec: QueueSpec) -> dict[str, Any]:
@@ -285,7 +286,8 @@ class Service:
         items = body["invocations"]
         if not items or len(items) > self.limits.max_batch:
             raise InvalidRequest(f"invocations must hold 1 to {self.limits.max_batch} items")
-        subs = [self._submission(ident, item, i) for i, item in enumerate(items)]
+        groups = IdGroups() if len(items) > 1 else None
+        subs = [self._submission(ident, item, i, groups) for i, item in enumerate(items)]
         created = []
         idle = []
         wakes = wake_objects(self.plane.store)
@@ -319,7 +321,10 @@ class Service:
             self.metrics.submitted(name, n)
         return {"ids": ids}
 
-    def _submission(self, ident: Identity, item: Any, i: int) -> Submission:
+    def _submission(
+        self, ident: Identity, item: Any, i: int, groups: IdGroups | None
+    ) -> Submission:
+        """One item of a submit; without an id it takes the next of its queue's group."""
         where = f"invocations[{i}]"
         if not isinstance(item, dict):
             raise InvalidRequest(f"{where} must be a map")
@@ -357,8 +362,9 @@ class Service:
                 priority = kwargs.get(stored.priority_field)
             if not isinstance(priority, _NUM) or isinstance(priority, bool):
                 priority = 0.0
+        inv_id = body.get("id") or (new_id() if groups is None else groups.next_id(body["queue"]))
         return Submission(
-            id=body.get("id") or new_id(),
+            id=inv_id,
             queue=body["queue"],
             payload=payload,
             priority=float(priority),
@@ -634,16 +640,17 @@ class Service:
         results = [as_bytes(x["result"], "result") for x in items]
         if any(len(result) > self.limits.inline_payload for result in results):
             raise InvalidRequest("result is over the inline limit: send it as a blob")
+        refusals = self.plane.complete_many(
+            [(x["id"], x["lease_token"], result) for x, result in zip(items, results, strict=True)]
+        )
         answers = []
-        with self.plane.batch(len(items) > 1):  # one commit for the batch where it can
-            for x, result in zip(items, results, strict=True):
-                try:
-                    self.plane.complete(x["id"], x["lease_token"], result)
-                    answers.append({"id": x["id"], "ok": True, "error": None})
-                    self._finished(recs.get(x["id"]), "succeeded")
-                except LakeshoreError as exc:  # LeaseLost and the like answer per item
-                    answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
-                    logs.event(_log, "answer.refused", x["id"], code=exc.code)
+        for x, exc in zip(items, refusals, strict=True):
+            if exc is None:
+                answers.append({"id": x["id"], "ok": True, "error": None})
+                self._finished(recs.get(x["id"]), "succeeded")
+            else:  # LeaseLost and the like answer per item
+                answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
+                logs.event(_log, "answer.refused", x["id"], code=_error(exc)["code"])
         return {"answers": answers}
 
     def fail(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
@@ -652,23 +659,29 @@ class Service:
         schema = {"id": str, "lease_token": str, "error": dict, "retryable": bool}
         items = self._batch(body, "failures", schema, ("id", "lease_token", "error"))
         recs = self._leased_in_scope(ident, [x["id"] for x in items])
-        answers = []
-        for x in items:
-            error = fields(
+        errors = [
+            fields(
                 x["error"],
                 {"type": str, "message": str, "traceback": str, "pickled": (bytes, type(None))},
                 where="error",
             )
-            try:
-                state = self.plane.fail(
-                    x["id"], x["lease_token"], error, retryable=x.get("retryable", True)
-                )
-                answers.append({"id": x["id"], "ok": True, "state": state.value, "error": None})
-                outcome = "failed" if state is State.FAILED else "retried"
-                self._finished(recs.get(x["id"]), outcome, error_type=error.get("type"))
-            except LakeshoreError as exc:
-                answers.append({"id": x["id"], "ok": False, "state": None, "error": _error(exc)})
-                logs.event(_log, "answer.refused", x["id"], code=exc.code)
+            for x in items
+        ]
+        states = self.plane.fail_states(
+            [
+                (x["id"], x["lease_token"], error, x.get("retryable", True))
+                for x, error in zip(items, errors, strict=True)
+            ]
+        )
+        answers = []
+        for x, error, state in zip(items, errors, states, strict=True):
+            if isinstance(state, Exception):
+                answers.append({"id": x["id"], "ok": False, "state": None, "error": _error(state)})
+                logs.event(_log, "answer.refused", x["id"], code=_error(state)["code"])
+                continue
+            answers.append({"id": x["id"], "ok": True, "state": state.value, "error": None})
+            outcome = "failed" if state is State.FAILED else "retried"
+            self._finished(recs.get(x["id"]), outcome, error_type=error.get("type"))
         return {"answers": answers}
 
     def release(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias, cast
 
 from ..clock import Clock
 from ..errors import QueueNotFound, UnknownInvocation
@@ -15,7 +15,10 @@ from .changes import Changes
 from .model import Invocation, QueueSpec
 from .store import Store
 
-__all__ = ["PlaneBase"]
+__all__ = ["PlaneBase", "Update"]
+
+#: one compare-and-set for :meth:`Store.update_many_if`: ``(id, expect, changes)``
+Update: TypeAlias = tuple[str, Mapping[str, Any], Mapping[str, Any]]
 
 
 class PlaneBase:
@@ -92,6 +95,17 @@ class PlaneBase:
         now = self.clock.now()
         shown = (self.visible(rec, now) for rec in self.store.get_many(ids))
         return [rec for rec in shown if rec is not None]
+
+    def _update_where(
+        self, updates: Sequence[Update | None], *, deadline_after: float | None = None
+    ) -> list[Invocation | None]:
+        """:meth:`Store.update_many_if` over the updates given, in one store call (none
+        when there is nothing to write); None in place of each missing one (an answer
+        refused before it reached the store), so answers line up with ``updates``."""
+        given = [update for update in updates if update is not None]
+        answers = self.store.update_many_if(given, deadline_after=deadline_after) if given else []
+        written = iter(answers)
+        return [None if update is None else next(written) for update in updates]
 
     def _touch(self, queue: str, now: float) -> None:
         """Record activity on a queue, at most once a second per queue and plane."""

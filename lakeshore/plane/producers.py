@@ -36,39 +36,46 @@ class ProducerOps(PlaneBase):
 
         A submission whose id exists with the same request is a replay (its id is
         returned again); with another request it raises :class:`IdempotencyConflict`.
-        The queue must exist (see :meth:`ensure_queue`).
+        The queue must exist (see :meth:`ensure_queue`). Every submission is checked
+        before any is written, and all are written in one store call, so a store can
+        write a batch's records together; each record is accepted or refused on its own.
         """
         now = self.clock.now()
         specs: dict[str, QueueSpec] = {}
-        ids: list[str] = []
-        for sub in subs:
-            _validate_submission(sub)
-            spec = specs.get(sub.queue) or self.get_queue(sub.queue)
-            specs[sub.queue] = spec
-            retry = sub.retry or (RetryPolicy(**spec.retry) if spec.retry else None)
-            available = now + max(0.0, sub.delay)
-            inv = Invocation(
-                id=sub.id,
-                queue=sub.queue,
-                state=State.PENDING,
-                payload=sub.payload,
-                request_digest=request_digest(sub),
-                order_key=order_key(spec.kind, sub.priority, available),
-                priority=float(sub.priority),
-                available_at=available,
-                created_at=now,
-                max_attempts=sub.max_attempts or self.max_attempts,
-                timeout=sub.timeout,
-                retry=retry,
-            )
-            existing = self.store.insert(inv)
-            if existing is not None and existing.request_digest != inv.request_digest:
-                raise IdempotencyConflict(f"invocation {sub.id!r} exists with a different request")
-            ids.append(sub.id)
+        invs = [self._pending_record(sub, specs, now) for sub in subs]
+        existing = self.store.insert_many(invs)
         for name in specs:
             self._touch(name, now)
         self._changes.notify()
-        return ids
+        for inv, found in zip(invs, existing, strict=True):
+            if found is not None and found.request_digest != inv.request_digest:
+                raise IdempotencyConflict(f"invocation {inv.id!r} exists with a different request")
+        return [inv.id for inv in invs]
+
+    def _pending_record(
+        self, sub: Submission, specs: dict[str, QueueSpec], now: float
+    ) -> Invocation:
+        """The new record a valid submission stands for (raises for an invalid one or a
+        missing queue); ``specs`` caches the queues read so far."""
+        _validate_submission(sub)
+        spec = specs.get(sub.queue) or self.get_queue(sub.queue)
+        specs[sub.queue] = spec
+        retry = sub.retry or (RetryPolicy(**spec.retry) if spec.retry else None)
+        available = now + max(0.0, sub.delay)
+        return Invocation(
+            id=sub.id,
+            queue=sub.queue,
+            state=State.PENDING,
+            payload=sub.payload,
+            request_digest=request_digest(sub),
+            order_key=order_key(spec.kind, sub.priority, available),
+            priority=float(sub.priority),
+            available_at=available,
+            created_at=now,
+            max_attempts=sub.max_attempts or self.max_attempts,
+            timeout=sub.timeout,
+            retry=retry,
+        )
 
     def get_many(self, ids: Sequence[str]) -> list[Invocation]:
         return self._read_many(ids)

@@ -82,6 +82,24 @@ class Store(Protocol):
         """
         ...
 
+    def insert_many(self, invs: Sequence[Invocation]) -> list[Invocation | None]:
+        """:meth:`insert` for each, answers in order (None where inserted). Each is
+        atomic on its own, not the whole: a store may write records that share a group
+        (:mod:`.ids`) in one request."""
+        ...
+
+    def update_many_if(
+        self,
+        updates: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+        *,
+        running_below: int | None = None,
+        deadline_after: float | None = None,
+    ) -> list[Invocation | None]:
+        """:meth:`update_if` for each ``(id, expect, changes)``, answers in order. Each
+        is atomic on its own, not the whole (a claim of many, completions of a batch):
+        a store may write the updates of records that share a group in one request."""
+        ...
+
     def pending(self, queue: str, now: float, limit: int) -> list[Invocation]:
         """Pending invocations of ``queue`` with ``available_at <= now``, by ``order_key``."""
         ...

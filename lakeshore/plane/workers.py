@@ -8,10 +8,11 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
 from typing import Any
 
-from ..errors import InvalidRequest, LakeshoreError, LeaseLost, UnknownInvocation
-from .base import PlaneBase
+from ..errors import InvalidRequest, LeaseLost, UnknownInvocation
+from .base import PlaneBase, Update
 from .kinds import BOLTZMANN_CANDIDATES, boltzmann_order, running_cap, temperature
 from .model import Claim, HeartbeatAnswer, Invocation, LogEntry, QueueSpec, State
 
@@ -112,14 +113,17 @@ class WorkerOps(PlaneBase):
         else:
             ordered = candidates
         got: list[Claim] = []
-        for rec in ordered:
-            claim = self._lease(rec, worker, now, lease_seconds, cap)
-            if claim is None:
-                if cap is not None and self._at_cap(spec.name, cap):
-                    break
-                continue  # lost a race for this one: try the next
-            got.append(claim)
-            if len(got) >= want:
+        rest = iter(ordered)
+        while len(got) < want:
+            # Without a cap, the next as many as are still wanted at once; under a cap,
+            # one at a time (a refusal may mean the cap is full).
+            chunk = list(islice(rest, 1 if cap is not None else want - len(got)))
+            if not chunk:
+                break
+            leased = self._lease_many(chunk, worker, now, lease_seconds, cap)
+            got.extend(leased)
+            lost = len(leased) < len(chunk)  # a race lost: the next ones are tried
+            if lost and cap is not None and self._at_cap(spec.name, cap):
                 break
         if boltzmann and got:
             self.store.queue_counter(spec.name, len(got))
@@ -128,37 +132,34 @@ class WorkerOps(PlaneBase):
     def _at_cap(self, queue: str, cap: int) -> bool:
         return self.store.running(queue) >= cap
 
-    def _lease(
-        self, rec: Invocation, worker: str, now: float, lease_seconds: float, cap: int | None
-    ) -> Claim | None:
-        token = secrets.token_hex(8)
-        expires = now + lease_seconds
-        if rec.timeout is not None:
-            expires = min(expires, now + rec.timeout)
-        updated = self.store.update_if(
-            rec.id,
-            {"state": State.PENDING, "attempt": rec.attempt},
-            {
-                "state": State.RUNNING,
-                "attempt": rec.attempt + 1,
-                "lease_token": token,
-                "lease_expires_at": expires,
-                "worker": worker,
-                "started_at": now,
-            },
-            running_below=cap,
-        )
-        if updated is None or updated.payload is None:
-            return None
-        return Claim(
-            id=updated.id,
-            queue=updated.queue,
-            payload=updated.payload,
-            lease_token=token,
-            lease_expires_at=expires,
-            attempt=updated.attempt,
-            timeout=updated.timeout,
-        )
+    def _lease_many(
+        self,
+        recs: Sequence[Invocation],
+        worker: str,
+        now: float,
+        lease_seconds: float,
+        cap: int | None,
+    ) -> list[Claim]:
+        """Lease each of ``recs`` still pending at the attempt read, in one store call
+        (a store may write the leases of one group together); the claims won, in order.
+        One lost to another claim, or without a payload, is left out."""
+        updates = [_lease_update(rec, worker, now, lease_seconds) for rec in recs]
+        answers = self.store.update_many_if(updates, running_below=cap)
+        claims = []
+        for (_, _, lease), updated in zip(updates, answers, strict=True):
+            if updated is None or updated.payload is None:
+                continue
+            claim = Claim(
+                id=updated.id,
+                queue=updated.queue,
+                payload=updated.payload,
+                lease_token=lease["lease_token"],
+                lease_expires_at=lease["lease_expires_at"],
+                attempt=updated.attempt,
+                timeout=updated.timeout,
+            )
+            claims.append(claim)
+        return claims
 
     def heartbeat(
         self, inv_id: str, lease_token: str, *, lease_seconds: float | None = None
@@ -176,46 +177,125 @@ class WorkerOps(PlaneBase):
             deadline = rec.started_at + rec.timeout
             expires = min(expires, deadline)
             timed_out = now >= deadline
-        updated = self.store.update_if(
-            inv_id,
-            {"state": State.RUNNING, "lease_token": lease_token},
-            {"lease_expires_at": expires},
-        )
+        updated = self.store.update_if(inv_id, _held(lease_token), {"lease_expires_at": expires})
         if updated is None:
             return HeartbeatAnswer(inv_id, ok=False, cancel=True, lease_expires_at=None)
         return HeartbeatAnswer(inv_id, ok=True, cancel=timed_out, lease_expires_at=expires)
 
     def complete_many(self, items: Sequence[tuple[str, str, bytes]]) -> list[Exception | None]:
-        """:meth:`complete` for several; each item's refusal (or None), in order."""
-        out: list[Exception | None] = []
+        """:meth:`complete` for several ``(id, lease_token, result)``, written in one
+        store call (a store may write a group's results together); each item's refusal
+        (or None), in order. Each item is accepted or refused on its own."""
+        now = self.clock.now()
+        updates = [
+            (inv_id, _held(token), self._success_changes(result, now))
+            for inv_id, token, result in items
+        ]
         with self.batch(len(items) > 1):
-            for inv_id, token, result in items:
-                try:
-                    self.complete(inv_id, token, result)
-                    out.append(None)
-                except LakeshoreError as exc:
-                    out.append(exc)
+            answers = self._update_where(updates, deadline_after=now)
+            out = [
+                None if updated is not None else self._refusal(inv_id, token)
+                for (inv_id, token, _), updated in zip(items, answers, strict=True)
+            ]
+        self._changes.finished(updated for updated in answers if updated is not None)
         return out
+
+    def _success_changes(self, result: bytes, now: float) -> dict[str, Any]:
+        """What a result changes on a running record."""
+        changes: dict[str, Any] = {
+            "state": State.SUCCEEDED,
+            "result": result,
+            "error": None,
+            "finished_at": now,
+            "expires_at": now + self.retention,
+            "lease_expires_at": None,
+        }
+        if not self.keep_payload:  # a succeeded invocation never runs again
+            changes["payload"] = None
+        return changes
 
     def fail_many(
         self, items: Sequence[tuple[str, str, dict[str, Any], bool]]
     ) -> list[Exception | None]:
-        """:meth:`fail` for several; each item's refusal (or None), in order."""
-        out: list[Exception | None] = []
+        """:meth:`fail` for several ``(id, lease_token, error, retryable)``, read and
+        written in one store call each; each item's refusal (or None), in order."""
+        answers = self._fail_answers(items)
+        return [answer if isinstance(answer, Exception) else None for answer in answers]
+
+    def fail_states(
+        self, items: Sequence[tuple[str, str, dict[str, Any], bool]]
+    ) -> list[State | Exception]:
+        """:meth:`fail_many`, answering each item's state after it (failed, or
+        scheduled again by its retry policy) or its refusal: what the API reports."""
+        now = self.clock.now()
+        return [
+            answer if isinstance(answer, Exception) else answer.public_state(now)
+            for answer in self._fail_answers(items)
+        ]
+
+    def _fail_answers(
+        self, items: Sequence[tuple[str, str, dict[str, Any], bool]]
+    ) -> list[Invocation | Exception]:
+        """Each failure's record after it (failed, or pending again for a retry) or its
+        refusal, in order. A failure is refused unless its token holds the lease and the
+        timeout has not passed (checked on the records read, then by the write)."""
         with self.batch(len(items) > 1):
-            for inv_id, token, error, retryable in items:
-                try:
-                    self.fail(inv_id, token, error, retryable=retryable)
-                    out.append(None)
-                except LakeshoreError as exc:
-                    out.append(exc)
-        return out
+            now = self.clock.now()
+            recs = {rec.id: rec for rec in self._read_many([item[0] for item in items])}
+            updates = [
+                self._failure_update(recs.get(inv_id), token, error, retryable, now)
+                for inv_id, token, error, retryable in items
+            ]
+            written = self._update_where(updates)
+            answers = [
+                updated if updated is not None else self._refusal(inv_id, token)
+                for (inv_id, token, _, _), updated in zip(items, written, strict=True)
+            ]
+        self._changes.finished(a for a in answers if isinstance(a, Invocation))
+        return answers
+
+    def _failure_update(
+        self,
+        rec: Invocation | None,
+        token: str,
+        error: dict[str, Any],
+        retryable: bool,
+        now: float,
+    ) -> Update | None:
+        """The update that records a failure on ``rec``; None when it is refused (no
+        such record, the lease not held by ``token``, or its timeout passed)."""
+        if rec is None or not _holds(rec, token) or _past_deadline(rec, now):
+            return None
+        return rec.id, _held(token), self._failure_changes(rec, error, retryable, now)
+
+    def _failure_changes(
+        self, rec: Invocation, error: dict[str, Any], retryable: bool, now: float
+    ) -> dict[str, Any]:
+        """What a raise changes on a running record: back to pending after the policy's
+        backoff while it allows another try, else failed."""
+        retries_used = rec.attempt - 1
+        if retryable and rec.retry is not None and retries_used < rec.retry.max:
+            return {
+                "state": State.PENDING,
+                "available_at": now + rec.retry.delay(retries_used),
+                "lease_token": None,
+                "lease_expires_at": None,
+                "worker": None,
+                "error": error,
+            }
+        return {
+            "state": State.FAILED,
+            "error": error,
+            "finished_at": now,
+            "expires_at": now + self.retention,
+            "lease_expires_at": None,
+        }
 
     def release(self, inv_id: str, lease_token: str) -> None:
         """Hand a claimed invocation back untried: pending again, the attempt not counted
         (a worker stopping cold). Raises :class:`LeaseLost` unless the token is current."""
         rec = self._read(inv_id)
-        if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
+        if rec is None or not _holds(rec, lease_token):
             raise self._refusal(inv_id, lease_token)
         changes = {
             "state": State.PENDING,
@@ -224,7 +304,7 @@ class WorkerOps(PlaneBase):
             "lease_expires_at": None,
             "worker": None,
         }
-        expect = {"state": State.RUNNING, "lease_token": lease_token}
+        expect = _held(lease_token)
         if self.store.update_if(inv_id, expect, changes) is None:
             raise self._refusal(inv_id, lease_token)
         self._changes.notify()
@@ -239,7 +319,7 @@ class WorkerOps(PlaneBase):
             raise InvalidRequest("progress must be a fraction from 0 to 1")
         if message is not None and len(message) > _MAX_PROGRESS_MESSAGE:
             message = message[:_MAX_PROGRESS_MESSAGE]
-        expect = {"state": State.RUNNING, "lease_token": lease_token}
+        expect = _held(lease_token)
         changes = {"progress": float(fraction), "progress_message": message}
         if self.store.update_if(inv_id, expect, changes) is None:
             raise self._refusal(inv_id, lease_token)
@@ -250,7 +330,7 @@ class WorkerOps(PlaneBase):
         """Store a running job's output: ``(n, stream, text)`` chunks numbered by the
         worker from 1 within its attempt (a resent chunk is stored once)."""
         rec = self._read(inv_id)
-        if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
+        if rec is None or not _holds(rec, lease_token):
             raise self._refusal(inv_id, lease_token)
         now = self.clock.now()
         entries = []
@@ -273,26 +353,9 @@ class WorkerOps(PlaneBase):
     def complete(self, inv_id: str, lease_token: str, result: bytes) -> None:
         """Record the result. Raises :class:`LeaseLost` unless the token is current
         and the invocation's timeout has not passed (then it fails as timed out)."""
-        now = self.clock.now()
-        changes: dict[str, Any] = {
-            "state": State.SUCCEEDED,
-            "result": result,
-            "error": None,
-            "finished_at": now,
-            "expires_at": now + self.retention,
-            "lease_expires_at": None,
-        }
-        if not self.keep_payload:  # a succeeded invocation never runs again
-            changes["payload"] = None
-        updated = self.store.update_if(
-            inv_id,
-            {"state": State.RUNNING, "lease_token": lease_token},
-            changes,
-            deadline_after=now,
-        )
-        if updated is None:
-            raise self._refusal(inv_id, lease_token)
-        self._changes.finished([updated])
+        (refusal,) = self.complete_many([(inv_id, lease_token, result)])
+        if refusal is not None:
+            raise refusal
 
     def fail(
         self, inv_id: str, lease_token: str, error: dict[str, Any], *, retryable: bool = True
@@ -301,40 +364,18 @@ class WorkerOps(PlaneBase):
 
         Returns the state the invocation is in afterwards.
         """
-        rec = self._read(inv_id)
-        if rec is None or rec.state is not State.RUNNING or rec.lease_token != lease_token:
-            raise self._refusal(inv_id, lease_token)
-        if _past_deadline(rec, self.clock.now()):
-            raise self._refusal(inv_id, lease_token)
-        updated = self._fail_or_retry(rec, error, retryable=retryable)
-        if updated is None:
-            raise self._refusal(inv_id, lease_token)
-        return updated.public_state(self.clock.now())
+        (answer,) = self._fail_answers([(inv_id, lease_token, error, retryable)])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer.public_state(self.clock.now())
 
     def _fail_or_retry(
         self, rec: Invocation, error: dict[str, Any], *, retryable: bool
     ) -> Invocation | None:
-        now = self.clock.now()
-        expect = {"state": State.RUNNING, "lease_token": rec.lease_token}
-        retries_used = rec.attempt - 1
-        if retryable and rec.retry is not None and retries_used < rec.retry.max:
-            changes: dict[str, Any] = {
-                "state": State.PENDING,
-                "available_at": now + rec.retry.delay(retries_used),
-                "lease_token": None,
-                "lease_expires_at": None,
-                "worker": None,
-                "error": error,
-            }
-        else:
-            changes = {
-                "state": State.FAILED,
-                "error": error,
-                "finished_at": now,
-                "expires_at": now + self.retention,
-                "lease_expires_at": None,
-            }
-        updated = self.store.update_if(rec.id, expect, changes)
+        """Record a failure on ``rec`` as read (its lease still held); None if it has
+        changed since."""
+        changes = self._failure_changes(rec, error, retryable, self.clock.now())
+        updated = self.store.update_if(rec.id, _held(rec.lease_token), changes)
         if updated is not None:
             self._changes.finished([updated])
         return updated
@@ -345,7 +386,7 @@ class WorkerOps(PlaneBase):
         if rec is None:
             return UnknownInvocation(f"no invocation {inv_id!r} on this plane")
         now = self.clock.now()
-        held = rec.state is State.RUNNING and rec.lease_token == lease_token
+        held = _holds(rec, lease_token)
         if held and _past_deadline(rec, now):
             self._expire_lease(rec, now)
             return LeaseLost(
@@ -404,7 +445,7 @@ class WorkerOps(PlaneBase):
                 "pickled": None,
             }
             return self._fail_or_retry(rec, error, retryable=True)
-        expect = {"state": State.RUNNING, "lease_token": rec.lease_token}
+        expect = _held(rec.lease_token)
         if rec.attempt >= rec.max_attempts:
             changes: dict[str, Any] = {
                 "state": State.DEAD,
@@ -432,6 +473,33 @@ class WorkerOps(PlaneBase):
         if updated is not None:
             self._changes.finished([updated])
         return updated
+
+
+def _held(lease_token: str | None) -> dict[str, Any]:
+    """The condition of an answer: the record is running under this lease."""
+    return {"state": State.RUNNING, "lease_token": lease_token}
+
+
+def _holds(rec: Invocation, lease_token: str) -> bool:
+    """Whether ``rec`` as read is running under this lease."""
+    return rec.state is State.RUNNING and rec.lease_token == lease_token
+
+
+def _lease_update(rec: Invocation, worker: str, now: float, lease_seconds: float) -> Update:
+    """The update that leases ``rec`` to ``worker`` with a fresh token, on the condition
+    that it is still pending at the attempt read; the lease ends by its timeout."""
+    expires = now + lease_seconds
+    if rec.timeout is not None:
+        expires = min(expires, now + rec.timeout)
+    changes: dict[str, Any] = {
+        "state": State.RUNNING,
+        "attempt": rec.attempt + 1,
+        "lease_token": secrets.token_hex(8),
+        "lease_expires_at": expires,
+        "worker": worker,
+        "started_at": now,
+    }
+    return rec.id, {"state": State.PENDING, "attempt": rec.attempt}, changes
 
 
 def _past_deadline(rec: Invocation, now: float) -> bool:

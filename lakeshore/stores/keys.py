@@ -8,23 +8,21 @@ template, and nowhere else.
 Four tables and a bucket::
 
     queues       name                  one item per queue: spec, activity, claim counter
-    invocations  id                    one item per invocation (+ five indexes)
+    invocations  id                    g#<group>: the records of an id group (+ five
+                                       indexes); p#…, r#…: payloads and results, each
+                                       written once (stores/dynamo_groups.py)
     logs         inv, seq              a job's output chunks, one item each
     records      kind, id              tokens, daemons, data keys, running counters
     bucket       blob/<digest>         content-addressed blobs
                  inv/<id>/<field>-<sha256>   payload/result/error/log text too large
                                              for an item
 
-An invocation item holds every :class:`~dreamlake.lakeshore.plane.model.Invocation`
-field under its own name (a ``None`` field is an absent attribute; ``available_at`` of
-an invocation due on arrival is ``READY_AT``), plus the derived attributes below, which
-the store keeps in step with the fields on every write.
-
 Cost shapes the layout: DynamoDB bills every write of an item per KB, and every index
 entry a write adds, changes or removes (docs/cost.md has the measured figures). So the
-sparse index attributes exist only in the states whose index must find the item, and
-an index projects only attributes that change when its entry changes anyway: a claim
-writes the item and its pending and lease entries, nothing else.
+invocations of a batch share one small group item, their payloads and results are
+written once beside it, the sparse index attributes exist only while the group has an
+invocation the index must find, and no index projects an attribute that changes when
+its entry would not.
 """
 
 from __future__ import annotations
@@ -37,18 +35,17 @@ __all__ = [
     "BLOB_PREFIX",
     "BLOB_REFRESH_AFTER",
     "BUCKET_RESOURCE",
-    "COUNTED",
-    "DEADLINE",
+    "DUE_AT",
     "DUE_INDEX",
     "ENV_VARS",
     "EXPIRY_INDEX",
     "EXPIRY_SHARDS",
-    "FINAL",
     "INLINE_LIMITS",
     "INLINE_MAX",
     "INVOCATION_INDEXES",
     "INV_PREFIX",
     "LEASES_INDEX",
+    "LEASES_INCLUDE",
     "LEASE_PK",
     "LEASE_SHARDS",
     "LOG_INLINE_MAX",
@@ -56,10 +53,9 @@ __all__ = [
     "LOG_SEQ",
     "LOG_TEXT_REF",
     "LOG_TTL",
-    "LOGGED",
-    "OFFLOAD_REFS",
     "Q_IDLE",
     "WAKE_PREFIX",
+    "P_RENEW",
     "PENDING_INCLUDE",
     "PENDING_INDEX",
     "PENDING_INDEX_ATTRS",
@@ -68,8 +64,6 @@ __all__ = [
     "PURGE_AT",
     "PURGE_PK",
     "QUEUE_INDEX",
-    "QUEUE_INDEX_ATTRS",
-    "READY_AT",
     "Q_ACTIVITY",
     "Q_CLAIMS",
     "Q_CREATED",
@@ -86,7 +80,6 @@ __all__ = [
     "REC_TOKEN",
     "REC_UPDATED",
     "REV",
-    "SHARD_HOME",
     "TABLE_RESOURCES",
     "TTL_AFTER_EXPIRY",
     "Resources",
@@ -142,7 +135,7 @@ ENV_VARS = {
 #: template.yaml logical id → Resources field (infra/tables.py builds these)
 TABLE_RESOURCES = {
     "QueuesTable": "queues",
-    "InvocationsTable": "invocations",
+    "InvocationGroupsTable": "invocations",
     "RecordsTable": "records",
     "LogsTable": "logs",
 }
@@ -202,93 +195,71 @@ LOG_INLINE_MAX = 64 * 1024
 #: output with its payload and result; this catches output of records it never saw
 LOG_TTL = 400 * 86400
 
-# --- invocations table: indexes ------------------------------------------------------
-#: pending work in claim order. Hash PENDING_PK, range order_key; projection
-#: PENDING_INDEX_ATTRS, so a claim reads candidates in one Query. Sparse: only pending
-#: invocations have PENDING_PK.
+# --- invocations table: indexes (entries are group items, g#<group>) ----------------
+#: groups with pending invocations in claim order. Hash PENDING_PK, range order_key (the
+#: lowest among the group's pending invocations); projection PENDING_INDEX_ATTRS.
+#: Sparse: only groups with a pending invocation have PENDING_PK.
 PENDING_INDEX = "pending"
-#: pending invocations that were scheduled for later (a delay, a retry's backoff) by
-#: available_at (hash PENDING_PK, range available_at, keys only): next_available_at()
-#: is one Query with Limit 1 per shard, and counts() reads the scheduled ones from it.
-#: Sparse twice over: an invocation due on arrival keeps its available_at as READY_AT,
-#: so the common submit and claim write no entry here.
+#: groups with pending invocations scheduled for later (a delay, a retry's backoff) by
+#: the earliest such time (hash PENDING_PK, range DUE_AT, keys only):
+#: next_available_at() is one Query with Limit 1 per shard. A group due on arrival has
+#: no DUE_AT, so the common submit and claim write no entry here.
 DUE_INDEX = "due"
-#: running invocations by lease expiry (hash LEASE_PK, range lease_expires_at, keys
-#: only). Sparse: only running invocations have LEASE_PK.
+#: groups with running invocations by their earliest lease expiry (hash LEASE_PK, range
+#: lease_expires_at; projects P_RENEW). Sparse: only groups with a running invocation.
 LEASES_INDEX = "leases"
-#: finished invocations that hold objects in S3 or job output, which purge() must
-#: delete, by expires_at (hash PURGE_PK, range expires_at, keys only). Sparse: PURGE_PK
-#: is set when such an invocation finishes and removed when it is stripped. Every other
-#: record is left to TTL whole: the plane core hides what has expired.
+#: finished groups that hold objects in S3 or job output, which purge() must delete,
+#: by their latest expires_at (hash PURGE_PK, range expires_at, keys only). Every other
+#: group is left to TTL whole: the plane core hides what has expired.
 EXPIRY_INDEX = "expiry"
-#: every invocation of a queue by id (hash queue, range id), with the attributes
-#: counts(), list_invocations() and delete_queue() need (QUEUE_INDEX_ATTRS). It projects
-#: FINAL rather than state, so only submit and finish write its entry (not a claim).
+#: every group of a queue by id (hash queue, range id), keys only: written when a group
+#: is created, never again (counts(), list_invocations() and delete_queue() read the
+#: groups it names)
 QUEUE_INDEX = "by_queue"
-#: attributes QUEUE_INDEX projects besides its keys
-QUEUE_INDEX_ATTRS = ("final", "payload_ref", "result_ref", "error_ref")
 #: every index of the invocations table
 INVOCATION_INDEXES = frozenset({PENDING_INDEX, DUE_INDEX, LEASES_INDEX, EXPIRY_INDEX, QUEUE_INDEX})
 
-# --- invocations table: derived attributes -------------------------------------------
-#: "<queue>#<shard>", written once at insert: the pending partition this invocation
-#: joins whenever it becomes pending (an update copies it into PENDING_PK without
-#: knowing the queue).
-SHARD_HOME = "shard_pk"
-#: = SHARD_HOME while state is pending, absent otherwise (PENDING_INDEX, DUE_INDEX)
+# --- invocations table: derived attributes of a group item -----------------------------
+#: "<queue>#<shard>" while the group has a pending invocation (PENDING_INDEX, DUE_INDEX);
+#: the group's order_key and available_at are then the lowest among those
 PENDING_PK = "pending_pk"
-#: where ``available_at`` is kept when the invocation was due on arrival (inserted with
-#: ``available_at <= created_at``): not ``available_at``, so it has no DUE_INDEX entry.
-#: Any later write of ``available_at`` (a retry's backoff) uses its own name again.
-READY_AT = "ready_at"
-#: = state once the invocation is finished (succeeded, failed, cancelled, dead), absent
-#: before (QUEUE_INDEX projects it): counts() tells finished states apart by it
-FINAL = "final"
-#: what a claim reads of a candidate (none of it changes while the invocation is pending)
-PENDING_INCLUDE = ("queue", "state", "attempt", "priority", "timeout", "available_at", READY_AT)
-#: attributes the pending index projects besides its keys (None would be all of them,
-#: a projection of ALL). A claim needs only PENDING_INCLUDE of a candidate (its update
-#: returns the whole item), and the store reads any other field of a candidate the first
-#: time it is used: entries of ~150 bytes instead of whole items, one write unit less at
-#: submit and at claim for items over 1 KB (template.yaml projects the same).
-PENDING_INDEX_ATTRS: tuple[str, ...] | None = PENDING_INCLUDE
-#: "lease#<shard>" while state is running, absent otherwise (LEASES_INDEX)
+#: the earliest available_at among pending invocations scheduled for later (DUE_INDEX)
+DUE_AT = "due_at"
+#: when the earliest payload item an unfinished invocation of the group needs must be
+#: extended (dynamo_groups.RENEW_MARGIN before its TTL); the pending and leases indexes
+#: project it, so the hourly look for such groups reads index entries only
+P_RENEW = "p_renew"
+#: what the pending index projects besides its keys
+PENDING_INCLUDE = ("available_at", P_RENEW)
+#: = PENDING_INCLUDE (template.yaml projects the same)
+PENDING_INDEX_ATTRS: tuple[str, ...] = PENDING_INCLUDE
+#: what the leases index projects besides its keys
+LEASES_INCLUDE = (P_RENEW,)
+#: "lease#<shard>" while the group has a running invocation (LEASES_INDEX)
 LEASE_PK = "lease_pk"
-#: "strip#<shard>" from finish until purge() strips payload and result (EXPIRY_INDEX),
-#: for records with objects in S3 or job output only; absent otherwise, without
-#: expires_at and once stripped, except for a record whose error is in S3:
-#: "bury#<shard>" then, so purge() deletes it (and its object) at its tombstone's end
+#: "strip#<shard>" once every invocation of a group holding S3 objects or job output has
+#: finished, until purge() strips them (EXPIRY_INDEX, range expires_at: the latest
+#: expiry); a stripped group whose errors are in S3 gets "bury#<shard>", so purge()
+#: deletes it (objects and all) at its tombstone's end
 PURGE_PK = "purge_pk"
-#: the table's TTL attribute, whole epoch seconds: expires_at + TTL_AFTER_EXPIRY from
-#: finish (TTL deletes the record, free, within a day or two after; the plane core
-#: hides it from its tombstone's end on). A record purge() strips gets expires_at + the
-#: plane's tombstone (purge learns it from its arguments). purge() deletes only what
-#: it finds in the expiry index past the tombstone unstripped.
+#: the table's TTL attribute, whole epoch seconds: a group's latest expires_at +
+#: TTL_AFTER_EXPIRY once all its invocations have finished; a payload item's write time
+#: + dynamo_groups.PAYLOAD_TTL (extended while needed); a result item's latest expiry
+#: (TTL deletes, free, within a day or two after; the plane core hides what has expired)
 PURGE_AT = "purge_at"
-#: started_at + timeout, kept while both are set, so ``deadline_after`` is a condition
-DEADLINE = "deadline"
-#: present while the invocation holds a slot of its queue's running counter (it was
-#: claimed with ``running_below``); leaving running gives the slot back
-COUNTED = "counted"
-#: present once the invocation has job output (logs table): a finished record with
-#: output joins the expiry index, so purge deletes the output with payload and result
-LOGGED = "logged"
-#: revision: +1 on every update, so a read-then-write can be made exact
+#: a group item's revision: +1 on every write, each write conditioned on the one read
 REV = "rev"
-#: field → attribute holding the S3 key of that field when it is offloaded
-OFFLOAD_REFS = {"payload": "payload_ref", "result": "result_ref", "error": "error_ref"}
 
 # --- sizes and shards ----------------------------------------------------------------
 #: string fields (worker, lease token, ...) longer than this are refused: an item stays
 #: small whatever a client sends
 INLINE_MAX = 4 * 1024
-#: payload, result and (packed) error larger than this go to S3 (INV_PREFIX) and the item
-#: keeps their key. An S3 PUT and a GET cost as much as ~8.6 write units. DynamoDB bills
-#: each write of the item per KB: a payload inline is written at submit, claim, complete
-#: and strip, and twice more as the pending index's copy (submit, claim): ~6 units per
-#: KB, so it goes to S3 from 1.5 KB. A result or error is written at finish and strip:
-#: ~2 units per KB, S3 from 4 KB. Every item stays far below 400 KB.
-INLINE_LIMITS = {"payload": 1536, "result": 4 * 1024, "error": 4 * 1024}
+#: payload, result and (packed) error larger than this go to S3 (INV_PREFIX) and the
+#: record keeps their key. Inline, a payload or result is written once (a payload or
+#: result item), an error with its group: 4 KB costs 4 write units ($2.50 per million)
+#: and a few days of storage, against an S3 PUT and GET ($5.40 per million). Every item
+#: stays far below 400 KB (a group holds at most 16 records).
+INLINE_LIMITS = {"payload": 4 * 1024, "result": 4 * 1024, "error": 4 * 1024}
 #: pending partitions per queue: one partition takes ~1,000 writes/s. Grow it, never
 #: shrink it: readers query shards 0..N-1, so items on a dropped shard would vanish.
 PENDING_SHARDS = 1

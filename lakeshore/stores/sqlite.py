@@ -401,6 +401,29 @@ class SqliteStore:
             row = db.execute(sql, params).fetchone()
         return None if row is None else _from_row(row)
 
+    def insert_many(self, invs: Sequence[Invocation]) -> list[Invocation | None]:
+        with self.transaction():
+            return [self.insert(inv) for inv in invs]
+
+    def update_many_if(
+        self,
+        updates: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+        *,
+        running_below: int | None = None,
+        deadline_after: float | None = None,
+    ) -> list[Invocation | None]:
+        with self.transaction():
+            return [
+                self.update_if(
+                    inv_id,
+                    expect,
+                    changes,
+                    running_below=running_below,
+                    deadline_after=deadline_after,
+                )
+                for inv_id, expect, changes in updates
+            ]
+
     def pending(self, queue: str, now: float, limit: int) -> list[Invocation]:
         with self._lock:
             rows = self._db.execute(

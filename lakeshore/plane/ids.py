@@ -1,0 +1,38 @@
+"""Invocation ids that share a group: how a batch of submits is told apart.
+
+Any string of 1 to 128 characters is a valid invocation id. Ids a client makes for a
+batch of submits share a *group*: a 26-character base (:func:`dreamlake.lakeshore.submit.new_id`)
+and one more character after a dot, ``<base>.<c>``, for up to :data:`GROUP_SIZE` ids.
+A store may keep a group's records together (the DynamoDB store keeps them in one item:
+one write for a claim or a completion of many, see docs/cost.md); nothing else depends
+on it. Grouping is only ever an optimisation: every id, grouped or not, has the same
+semantics, and an id that merely looks grouped is stored in that group like any other.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["GROUP_ALPHABET", "GROUP_SIZE", "group_of", "group_ids"]
+
+#: the characters after the dot, in order (Crockford's base32, as the base uses)
+GROUP_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+#: how many ids share one group at most
+GROUP_SIZE = 16
+
+_GROUPED = re.compile(r"^([0-9a-hjkmnp-tv-z]{26})\.([0-9a-hjkmnp-tv-z])$")
+
+
+def group_of(inv_id: str) -> str:
+    """The group an id belongs to: its base for a grouped id, else the id itself."""
+    m = _GROUPED.match(inv_id)
+    if m is None or GROUP_ALPHABET.index(m.group(2)) >= GROUP_SIZE:
+        return inv_id
+    return m.group(1)
+
+
+def group_ids(base: str, n: int) -> list[str]:
+    """The first ``n`` (at most :data:`GROUP_SIZE`) ids of the group ``base``."""
+    if not 0 < n <= GROUP_SIZE:
+        raise ValueError(f"a group holds 1 to {GROUP_SIZE} ids")
+    return [f"{base}.{c}" for c in GROUP_ALPHABET[:n]]

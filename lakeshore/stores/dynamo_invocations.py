@@ -1,0 +1,778 @@
+"""The invocation primitives of the DynamoDB store, over group items (:mod:`.dynamo_groups`).
+
+Every write of a group is a read-modify-write: the store reads the group item
+(strongly consistent), checks each update's ``expect`` and applies its ``changes`` to
+the slots in Python, and puts the whole item back conditioned on the revision it read.
+A moved revision (another writer) answers with the item as it is now, and the updates
+are checked again against it, so each update stays atomic and every decision is still
+the plane core's compare-and-set. Payloads and results are written once, before the
+group that points at them (a refused write leaves an unreferenced part, deleted by its
+TTL). A capped claim moves the queue's running counter in the same transaction.
+
+Cost (docs/cost.md): a submit of n jobs of one group writes its payload item and the
+group (+ a pending and a by-queue index entry); a claim of k of them writes the group
+(+ pending and lease entries); their completion writes a result item and the group (+
+the lease entry). The by-queue index is keys only, so it is written once per group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from botocore.exceptions import ClientError  # type: ignore[import-untyped]
+
+from ..errors import InvalidRequest, Unavailable
+from ..plane.ids import GROUP_SIZE, group_of
+from ..plane.model import Invocation, LogEntry, State
+from . import keys as K
+from .dynamo_extras import DynamoExtras, backoff, error_code
+from .dynamo_groups import (
+    GROUP_PREFIX,
+    PAYLOAD_TTL,
+    RESULT_TTL_SLACK,
+    SLOT_FIELDS,
+    Group,
+    Slot,
+    check,
+    group_item,
+    holds,
+    is_part,
+    new_tag,
+    parse_group,
+    part_item,
+    record,
+    renew_due,
+    unpack_parts,
+)
+from .dynamo_items import FIELDS, Item, normal, num, pack
+
+__all__ = ["DynamoInvocations"]
+
+_FIELD_SET = frozenset(FIELDS)
+#: attempts at one group write under contention
+_TRIES = 25
+#: ids a handle remembers having marked as having output (then forgets them all)
+_LOGGED_MEMORY = 10_000
+#: part items kept in memory (they never change): a claim of a group's jobs reads its
+#: payload item once
+_PART_CACHE = 256
+#: how often a handle looks for payload items to extend (purge calls it)
+_RENEW_EVERY = 3600.0
+#: the fields kept outside the group's slots (or, for a small error, inside them)
+_BULKY = ("payload", "result", "error")
+
+
+class _Refused(Exception):
+    """A capped claim found its queue at the cap."""
+
+
+class DynamoInvocations(DynamoExtras):
+    """Invocations as group items. Mixed into :class:`.dynamo.DynamoStore`."""
+
+    _invocations: str
+    _records: str
+
+    def _init_invocations(self) -> None:
+        self._logged: set[str] = set()
+        self._parts: OrderedDict[str, dict[str, bytes]] = OrderedDict()
+        self._parts_lock = threading.Lock()
+        self._part_ttls: dict[str, int] = {}
+        self._next_renew = 0.0
+
+    # --- reads ------------------------------------------------------------------------
+    def get(self, inv_id: str) -> Invocation | None:
+        g = self._group(group_of(inv_id))
+        return None if g is None or inv_id not in g.slots else self._record(g, inv_id)
+
+    def get_many(self, ids: Sequence[str]) -> list[Invocation]:
+        ids = list(dict.fromkeys(ids))
+        groups = self._groups(group_of(i) for i in ids)
+        out = []
+        for inv_id in ids:
+            g = groups.get(group_of(inv_id))
+            if g is not None and inv_id in g.slots:
+                out.append(self._record(g, inv_id))
+        return out
+
+    def _group(self, name: str) -> Group | None:
+        out = self._ddb.get_item(
+            TableName=self._invocations,
+            Key={"id": {"S": GROUP_PREFIX + name}},
+            ConsistentRead=True,
+        )
+        return parse_group(out["Item"]) if "Item" in out else None
+
+    def _groups(self, names: Iterable[str]) -> dict[str, Group]:
+        """Groups by name (strongly consistent; missing ones left out)."""
+        names = list(dict.fromkeys(names))
+        if len(names) == 1:
+            g = self._group(names[0])
+            return {} if g is None else {g.name: g}
+        keys = [{"id": {"S": GROUP_PREFIX + n}} for n in names]
+        return {g.name: g for g in map(parse_group, self._batch_get(self._invocations, keys))}
+
+    def _record(self, g: Group, sid: str) -> Invocation:
+        return record(g, sid, self._fetch_field)
+
+    def _fetch_field(self, key: str, sid: str) -> bytes | None:
+        """A payload, result or offloaded error: from a part item or S3."""
+        if not is_part(key):
+            return self._fetch(key)
+        parts = self._part(key)
+        return None if parts is None else parts.get(sid)
+
+    def _part(self, key: str) -> dict[str, bytes] | None:
+        with self._parts_lock:
+            if key in self._parts:
+                self._parts.move_to_end(key)
+                return self._parts[key]
+        out = self._ddb.get_item(
+            TableName=self._invocations, Key={"id": {"S": key}}, ConsistentRead=True
+        )
+        if "Item" not in out:
+            return None
+        parts = unpack_parts(out["Item"])
+        with self._parts_lock:
+            self._parts[key] = parts
+            while len(self._parts) > _PART_CACHE:
+                self._parts.popitem(last=False)
+        return parts
+
+    # --- writes -----------------------------------------------------------------------
+    def _write(self, g: Group, delta: int = 0, running_below: int | None = None) -> Group | None:
+        """Put ``g`` conditioned on the revision it was read at (absent if new), moving
+        the queue's running counter by ``delta`` in the same transaction. Returns None
+        when written, else the group as it is now (raises :class:`_Refused` at the cap;
+        a group deleted meanwhile comes back empty)."""
+        wtok = new_tag()
+        put: dict[str, Any] = {
+            "TableName": self._invocations,
+            "Item": group_item(g, wtok),
+            "ExpressionAttributeNames": {"#id": "id"},
+            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+        }
+        if g.rev < 0:
+            put["ConditionExpression"] = "attribute_not_exists(#id)"
+        else:
+            put["ConditionExpression"] = "#rev = :rev"
+            put["ExpressionAttributeNames"] = {"#rev": K.REV}
+            put["ExpressionAttributeValues"] = {":rev": num(g.rev)}
+        counter = self._counter_action(g.queue, delta, running_below)
+        for attempt in range(_TRIES):
+            try:
+                if counter is None:
+                    self._ddb.put_item(**put)
+                else:
+                    self._ddb.transact_write_items(TransactItems=[{"Put": put}, counter])
+            except ClientError as exc:
+                code = error_code(exc)
+                if code == "ConditionalCheckFailedException":
+                    return self._now_stored(g, exc.response.get("Item"), wtok)
+                if code == "TransactionCanceledException":
+                    reasons = exc.response.get("CancellationReasons", [])
+                    codes = [r.get("Code") for r in reasons]
+                    if codes[:1] == ["ConditionalCheckFailed"]:
+                        return self._now_stored(g, reasons[0].get("Item"), wtok)
+                    if codes[1:2] == ["ConditionalCheckFailed"]:
+                        raise _Refused from None
+                if code in ("TransactionCanceledException", "TransactionConflictException"):
+                    backoff(attempt)
+                    continue
+                raise
+            g.rev += 1
+            return None
+        raise Unavailable(f"writes to the group of {g.name!r} kept conflicting; try again")
+
+    def _now_stored(self, g: Group, old: Item | None, wtok: str) -> Group | None:
+        if old is not None and old.get("wtok", {}).get("S") == wtok:
+            g.rev += 1  # our own write, whose answer was lost and retried
+            return None
+        if old is None:  # deleted meanwhile (or a lost create raced): read it
+            now = self._group(g.name)
+            return now if now is not None else Group(g.name, g.queue)
+        return parse_group(old)
+
+    def _counter_action(
+        self, queue: str, delta: int, running_below: int | None
+    ) -> dict[str, Any] | None:
+        """The transaction's second action on the queue's running counter, if any."""
+        if delta == 0:
+            return None
+        action: dict[str, Any] = {
+            "TableName": self._records,
+            "Key": K.running_key(queue),
+            "UpdateExpression": "ADD #r :d",
+            "ExpressionAttributeNames": {"#r": K.REC_RUNNING},
+            "ExpressionAttributeValues": {":d": num(delta)},
+        }
+        if running_below is not None and delta > 0:
+            action["ConditionExpression"] = "attribute_not_exists(#r) OR #r < :cap"
+            action["ExpressionAttributeValues"][":cap"] = num(running_below - delta + 1)
+        return {"Update": action}
+
+    def _put_part(self, prefix: str, group: str, parts: Mapping[str, bytes], ttl: int) -> str:
+        item = part_item(prefix, group, parts, ttl)
+        self._ddb.put_item(TableName=self._invocations, Item=item)
+        key: str = item["id"]["S"]
+        with self._parts_lock:
+            self._parts[key] = dict(parts)
+            if len(self._part_ttls) >= _PART_CACHE:
+                self._part_ttls.clear()
+            self._part_ttls[key] = ttl
+        return key
+
+    def _part_ttl(self, key: str) -> int:
+        """The TTL this handle gave a payload item it just wrote."""
+        with self._parts_lock:
+            return self._part_ttls.get(key, 0)
+
+    def _stored(
+        self,
+        inv_id: str,
+        name: str,
+        raw: bytes,
+        inline: dict[str, bytes],
+        uploads: dict[str, bytes],
+    ) -> str | None:
+        """Where a payload, result or packed error goes: inline (None: into ``inline``
+        for the part item, or the group for an error) or S3 (its key, into ``uploads``)."""
+        if len(raw) <= K.INLINE_LIMITS[name]:
+            inline[inv_id] = raw
+            return None
+        key = K.offload_key(inv_id, name, hashlib.sha256(raw).hexdigest())
+        uploads[key] = raw
+        return key
+
+    # --- insert -----------------------------------------------------------------------
+    def insert(self, inv: Invocation) -> Invocation | None:
+        return self.insert_many([inv])[0]
+
+    def insert_many(self, invs: Sequence[Invocation]) -> list[Invocation | None]:
+        by_group: dict[str, list[int]] = {}
+        for n, inv in enumerate(invs):
+            by_group.setdefault(group_of(inv.id), []).append(n)
+        answers: dict[int, Invocation | None] = {}
+        for name, idx in by_group.items():
+            answers.update(zip(idx, self._insert_group(name, [invs[n] for n in idx]), strict=True))
+        return [answers[n] for n in range(len(invs))]
+
+    def _insert_group(self, name: str, invs: list[Invocation]) -> list[Invocation | None]:
+        queue = invs[0].queue
+        for inv in invs:
+            if inv.queue != queue:
+                raise InvalidRequest(f"ids of one group go to one queue ({inv.id!r})")
+            check({n: getattr(inv, n) for n in SLOT_FIELDS})
+        firsts = list({inv.id: inv for inv in reversed(invs)}.values())[::-1]
+        bulky = self._store_bulky(
+            name,
+            [(inv.id, {}, {f: getattr(inv, f) for f in _BULKY}) for inv in firsts],
+            max(inv.created_at for inv in firsts),
+        )
+        g: Group | None = Group(name, queue)
+        for _ in range(_TRIES):
+            assert g is not None
+            if g.slots and g.queue != queue:
+                raise InvalidRequest(f"ids of one group go to one queue ({invs[0].id!r})")
+            out: list[Invocation | None] = []
+            added = False
+            for inv in invs:
+                if inv.id in g.slots:
+                    out.append(self._record(g, inv.id))
+                    continue
+                slot = Slot({n: normal(n, getattr(inv, n)) for n in SLOT_FIELDS})
+                _apply(slot, {f: getattr(inv, f) for f in _BULKY}, bulky.get(inv.id, {}))
+                if slot.payload_at is not None and is_part(slot.payload_at):
+                    g.p_until[slot.payload_at] = self._part_ttl(slot.payload_at)
+                g.slots[inv.id] = slot
+                added = True
+                out.append(None)
+            if not added:
+                self._delete_objects(k for b in bulky.values() for k in b.values() if k)
+                return out
+            g = self._write(g)
+            if g is None:
+                return out
+        raise Unavailable(f"inserts into the group of {name!r} kept conflicting; try again")
+
+    # --- compare-and-set ----------------------------------------------------------------
+    def update_if(
+        self,
+        inv_id: str,
+        expect: Mapping[str, Any],
+        changes: Mapping[str, Any],
+        *,
+        running_below: int | None = None,
+        deadline_after: float | None = None,
+    ) -> Invocation | None:
+        return self.update_many_if(
+            [(inv_id, expect, changes)], running_below=running_below, deadline_after=deadline_after
+        )[0]
+
+    def update_many_if(
+        self,
+        updates: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+        *,
+        running_below: int | None = None,
+        deadline_after: float | None = None,
+    ) -> list[Invocation | None]:
+        for _, expect, changes in updates:
+            unknown = (set(expect) | set(changes)) - _FIELD_SET
+            if unknown:
+                raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
+            if "id" in changes or "queue" in changes:
+                raise ValueError("an invocation's id and queue never change")
+            check(changes)
+        by_group: dict[str, list[int]] = {}
+        for n, (inv_id, _, _) in enumerate(updates):
+            by_group.setdefault(group_of(inv_id), []).append(n)
+        if running_below is not None:  # each its own transaction with the counter
+            chunks = [(group_of(updates[n][0]), [n]) for n in range(len(updates))]
+        else:
+            chunks = list(by_group.items())
+        groups = self._groups(by_group)
+        answers: dict[int, Invocation | None] = {}
+        for name, idx in chunks:
+            got = self._update_group(
+                groups.get(name), [updates[n] for n in idx], running_below, deadline_after
+            )
+            answers.update(zip(idx, got, strict=True))
+            if running_below is not None:
+                groups.pop(name, None)  # re-read for the next one (a new revision)
+                fresh = self._groups([name])
+                groups.update(fresh)
+        return [answers[n] for n in range(len(updates))]
+
+    def _update_group(
+        self,
+        g: Group | None,
+        updates: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+        running_below: int | None,
+        deadline_after: float | None,
+    ) -> list[Invocation | None]:
+        if g is None:
+            return [None] * len(updates)
+        if running_below is not None and running_below <= 0:
+            return [None] * len(updates)
+        bulky = self._store_bulky(g.name, updates)
+        bulky_parts = {k for b in bulky.values() for k in b.values() if k and is_part(k)}
+        for _ in range(_TRIES):
+            out: list[str | None] = []
+            replaced: list[str] = []
+            delta = 0
+            for inv_id, expect, changes in updates:
+                slot = g.slots.get(inv_id)
+                if slot is None or not holds(slot.values, expect, deadline_after):
+                    out.append(None)
+                    continue
+                replaced += _apply(slot, changes, bulky.get(inv_id, {}))
+                if changes.get("payload") is not None and slot.payload_at in bulky_parts:
+                    g.p_until[slot.payload_at] = self._part_ttl(slot.payload_at)
+                if running_below is not None and changes.get("state") == State.RUNNING:
+                    if not slot.counted:
+                        slot.counted, delta = True, delta + 1
+                elif slot.counted and _leaves_running(changes):
+                    slot.counted, delta = False, delta - 1
+                out.append(inv_id)
+            if not any(out):
+                self._delete_objects(k for b in bulky.values() for k in b.values() if k)
+                return [None] * len(updates)
+            self._extend_payloads(g, [sid for sid in out if sid is not None])
+            try:
+                now_stored = self._write(g, delta, running_below if delta > 0 else None)
+            except _Refused:
+                return [None] * len(updates)
+            if now_stored is None:
+                self._delete_objects(replaced)
+                return [None if sid is None else self._record(g, sid) for sid in out]
+            g = now_stored
+        raise Unavailable(f"updates of the group of {g.name!r} kept conflicting; try again")
+
+    def _store_bulky(
+        self,
+        group: str,
+        updates: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+        now: float | None = None,
+    ) -> dict[str, dict[str, str | None]]:
+        """Write the payloads, results and large errors the updates set, once, before
+        the group: id → field → where it is (a part or S3 key; None for an inline
+        error). ``now`` is the plane's time (TTLs count from it), if known."""
+        where: dict[str, dict[str, str | None]] = {}
+        parts: dict[str, dict[str, bytes]] = {"payload": {}, "result": {}}
+        uploads: dict[str, bytes] = {}
+        expiry = 0.0
+        for inv_id, _, changes in updates:
+            for name in ("payload", "result", "error"):
+                value = changes.get(name)
+                if value is None:
+                    continue
+                raw = pack(value) if name == "error" else _bytes(value)
+                inline: dict[str, bytes] = {}
+                key = self._stored(inv_id, name, raw, inline, uploads)
+                if name != "error" and key is None:
+                    parts[name].update(inline)
+                where.setdefault(inv_id, {})[name] = key
+            expiry = max(expiry, float(changes.get("expires_at") or 0.0))
+        self._upload(uploads)
+        now = time.time() if now is None else now
+        if parts["payload"]:
+            ttl = int(now + PAYLOAD_TTL)
+            key = self._put_part("p", group, parts["payload"], ttl)
+            for inv_id in parts["payload"]:
+                where[inv_id]["payload"] = key
+        if parts["result"]:
+            ttl = int(expiry + RESULT_TTL_SLACK) if expiry else int(now + PAYLOAD_TTL)
+            key = self._put_part("r", group, parts["result"], ttl)
+            for inv_id in parts["result"]:
+                where[inv_id]["result"] = key
+        return where
+
+    def _extend_payloads(self, g: Group, changed: list[str]) -> None:
+        """A job that finished past its payload item's TTL keeps its payload to its
+        expiry: extend the item (rare: a job that ran for over a week)."""
+        for sid in changed:
+            slot = g.slots[sid]
+            expires = slot.values.get("expires_at")
+            key = slot.payload_at
+            if expires is None or key is None or key not in g.p_until:
+                continue
+            if g.p_until[key] < expires + RESULT_TTL_SLACK:
+                self._extend_part(g, key, int(expires + RESULT_TTL_SLACK))
+
+    def _extend_part(self, g: Group, key: str, ttl: int) -> None:
+        try:
+            self._ddb.update_item(
+                TableName=self._invocations,
+                Key={"id": {"S": key}},
+                UpdateExpression="SET #t = :t",
+                ConditionExpression="attribute_exists(#id)",
+                ExpressionAttributeNames={"#t": K.PURGE_AT, "#id": "id"},
+                ExpressionAttributeValues={":t": num(ttl)},
+            )
+        except ClientError as exc:
+            if error_code(exc) != "ConditionalCheckFailedException":
+                raise
+        g.p_until[key] = max(g.p_until.get(key, 0), ttl)
+
+    # --- output ---------------------------------------------------------------------------
+    def append_logs(self, inv_id: str, entries: Sequence[LogEntry]) -> None:
+        """Marks the record as having output first (once per handle), so purge deletes
+        the output with its payload and result; then stores the entries."""
+        if entries and inv_id not in self._logged:
+            self._mark_logged(inv_id)
+        super().append_logs(inv_id, entries)
+
+    def _mark_logged(self, inv_id: str) -> None:
+        g = self._group(group_of(inv_id))
+        for _ in range(_TRIES):
+            if g is None or inv_id not in g.slots or g.slots[inv_id].logged:
+                break
+            g.slots[inv_id].logged = True
+            g = self._write(g)
+        if len(self._logged) >= _LOGGED_MEMORY:
+            self._logged.clear()
+        self._logged.add(inv_id)
+
+    # --- index reads ----------------------------------------------------------------------
+    def pending(self, queue: str, now: float, limit: int) -> list[Invocation]:
+        if limit <= 0:
+            return []
+        found: list[tuple[str, str, Group]] = []
+        entries = heapq.merge(
+            *(self._pending_entries(pk, now) for pk in K.pending_pks(queue)),
+            key=lambda i: str(i["order_key"]["S"]),
+        )
+        # a group holds up to GROUP_SIZE candidates: read few groups first, more if needed
+        for chunk in _chunks(entries, min(limit, limit // GROUP_SIZE + 2)):
+            groups = self._groups(i["id"]["S"][len(GROUP_PREFIX) :] for i in chunk)
+            for g in groups.values():
+                for sid, slot in g.slots.items():
+                    v = slot.values
+                    if slot.state is State.PENDING and v["available_at"] <= now:
+                        found.append((v["order_key"], sid, g))
+            found.sort(key=lambda f: (f[0], f[1]))
+            if len(found) >= limit and chunk[-1]["order_key"]["S"] >= found[limit - 1][0]:
+                break
+        return [self._record(g, sid) for _, sid, g in found[:limit]]
+
+    def _pending_entries(self, pk: str, now: float) -> Iterator[Item]:
+        return self._pages(
+            self._ddb.query,
+            TableName=self._invocations,
+            IndexName=K.PENDING_INDEX,
+            KeyConditionExpression="#pk = :pk",
+            FilterExpression="#av <= :now",
+            ExpressionAttributeNames={"#pk": K.PENDING_PK, "#av": "available_at"},
+            ExpressionAttributeValues={":pk": {"S": pk}, ":now": num(now)},
+            Limit=100,
+        )
+
+    def next_available_at(self, queue: str) -> float | None:
+        """The earliest time a job of the queue that was scheduled for later comes due
+        (the due index holds groups with such jobs only)."""
+        earliest: list[float] = []
+        for pk in K.pending_pks(queue):
+            out = self._ddb.query(
+                TableName=self._invocations,
+                IndexName=K.DUE_INDEX,
+                KeyConditionExpression="#pk = :pk",
+                ExpressionAttributeNames={"#pk": K.PENDING_PK},
+                ExpressionAttributeValues={":pk": {"S": pk}},
+                Limit=1,
+            )
+            earliest += [float(i[K.DUE_AT]["N"]) for i in out["Items"]]
+        return min(earliest, default=None)
+
+    def expired_leases(self, now: float, limit: int) -> list[Invocation]:
+        if limit <= 0:
+            return []
+        names: list[str] = []
+        for pk in K.lease_pks():
+            items = self._pages(
+                self._ddb.query,
+                limit=limit,
+                TableName=self._invocations,
+                IndexName=K.LEASES_INDEX,
+                KeyConditionExpression="#pk = :pk AND #exp < :now",
+                ExpressionAttributeNames={"#pk": K.LEASE_PK, "#exp": "lease_expires_at"},
+                ExpressionAttributeValues={":pk": {"S": pk}, ":now": num(now)},
+                Limit=limit,
+            )
+            names += [i["id"]["S"][len(GROUP_PREFIX) :] for i in items]
+        lapsed = [
+            (slot.values["lease_expires_at"], sid, g)
+            for g in self._groups(names).values()
+            for sid, slot in g.slots.items()
+            if slot.state is State.RUNNING and slot.values["lease_expires_at"] < now
+        ]
+        lapsed.sort(key=lambda f: (f[0], f[1]))
+        return [self._record(g, sid) for _, sid, g in lapsed[:limit]]
+
+    def counts(self, queue: str, now: float) -> dict[str, int]:
+        # Every group of the queue (by-queue index, keys only): the cost grows with the
+        # queue's history, a group item per up to 16 jobs.
+        tally: Counter[str] = Counter()
+        for page in self._queue_groups(queue):
+            for g in self._groups(page).values():
+                for slot in g.slots.values():
+                    v = slot.values
+                    state = (
+                        State.SCHEDULED
+                        if (slot.state is State.PENDING and v["available_at"] > now)
+                        else slot.state
+                    )
+                    tally[state.value] += 1
+        return dict(tally)
+
+    def list_invocations(
+        self, queue: str, state: str | None, now: float, after: str | None, limit: int
+    ) -> list[Invocation]:
+        if limit <= 0:
+            return []
+        start = None if after is None else GROUP_PREFIX + group_of(after)
+        found: list[Invocation] = []
+        for page in self._queue_groups(queue, start=start, limit=limit):
+            groups = self._groups(page)
+            for name in page:
+                g = groups.get(name)
+                for sid in sorted(g.slots) if g is not None else ():
+                    if after is not None and sid <= after:
+                        continue
+                    rec = self._record(g, sid)  # type: ignore[arg-type]
+                    if state is None or rec.public_state(now).value == state:
+                        found.append(rec)
+            if len(found) >= limit:
+                break
+        return found[:limit]
+
+    def _queue_groups(
+        self, queue: str, *, start: str | None = None, limit: int = 100
+    ) -> Iterator[list[str]]:
+        """Pages of the queue's group names in id order (from group item ``start``)."""
+        key = "#q = :q"
+        names = {"#q": "queue"}
+        values: dict[str, Any] = {":q": {"S": queue}}
+        if start is not None:
+            key += " AND #id >= :start"
+            names["#id"] = "id"
+            values[":start"] = {"S": start}
+        for page in self._pages(
+            self._ddb.query,
+            by_page=True,
+            TableName=self._invocations,
+            IndexName=K.QUEUE_INDEX,
+            KeyConditionExpression=key,
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=values,
+            Limit=max(1, min(limit, 100)),
+        ):
+            yield [i["id"]["S"][len(GROUP_PREFIX) :] for i in page]
+
+    # --- purge and delete -----------------------------------------------------------------
+    def purge(self, now: float, tombstone_until: float) -> int:
+        touched = 0
+        for shard in range(K.EXPIRY_SHARDS):
+            strip, bury = K.strip_pk(shard), K.bury_pk(shard)
+            for pk in (strip, bury):
+                for name in self._expiring(pk, "<", tombstone_until):
+                    touched += self._purge_delete(name, tombstone_until)
+            for name in self._expiring(strip, "<=", now):
+                touched += self._purge_strip(name, now)
+        if now >= self._next_renew:
+            self._next_renew = now + _RENEW_EVERY
+            self._renew_payloads(now)
+        return touched
+
+    def _expiring(self, pk: str, op: str, when: float) -> list[str]:
+        items = self._pages(
+            self._ddb.query,
+            TableName=self._invocations,
+            IndexName=K.EXPIRY_INDEX,
+            KeyConditionExpression=f"#pk = :pk AND #e {op} :t",
+            ExpressionAttributeNames={"#pk": K.PURGE_PK, "#e": "expires_at"},
+            ExpressionAttributeValues={":pk": {"S": pk}, ":t": num(when)},
+        )
+        return [i["id"]["S"][len(GROUP_PREFIX) :] for i in items]
+
+    def _purge_delete(self, name: str, tombstone_until: float) -> int:
+        """A group past its tombstone whose objects purge must delete: it goes whole."""
+        g = self._group(name)
+        if g is None or not g.finished() or _latest_expiry(g) >= tombstone_until:
+            return 0
+        try:
+            self._ddb.delete_item(
+                TableName=self._invocations,
+                Key={"id": {"S": g.key}},
+                ConditionExpression="#rev = :rev",
+                ExpressionAttributeNames={"#rev": K.REV},
+                ExpressionAttributeValues={":rev": num(g.rev)},
+            )
+        except ClientError as exc:
+            if error_code(exc) == "ConditionalCheckFailedException":
+                return 0
+            raise
+        self._delete_objects(k for s in g.slots.values() for k in s.objects())
+        self._delete_logs(sid for sid, s in g.slots.items() if s.logged)
+        return len(g.slots)
+
+    def _purge_strip(self, name: str, now: float) -> int:
+        """An expired group's S3 objects (payload, result) and job output go; TTL deletes
+        the rest at its tombstone's end (a group with an error in S3 is deleted by purge
+        then, object and all)."""
+        g = self._group(name)
+        for _ in range(_TRIES):
+            if g is None or g.stripped or not g.finished() or _latest_expiry(g) > now:
+                return 0
+            gone = [
+                k
+                for s in g.slots.values()
+                for k in (s.payload_at, s.result_at)
+                if k and not is_part(k)
+            ]
+            for slot in g.slots.values():
+                slot.payload_at = None if slot.payload_at in gone else slot.payload_at
+                slot.result_at = None if slot.result_at in gone else slot.result_at
+            g.stripped = True
+            logged = [sid for sid, s in g.slots.items() if s.logged]
+            now_stored = self._write(g)
+            if now_stored is None:
+                self._delete_objects(gone)
+                self._delete_logs(logged)
+                return len(g.slots)
+            g = now_stored
+        return 0
+
+    def _renew_payloads(self, now: float) -> None:
+        """Extend the payload items of unfinished jobs that would otherwise expire
+        (a job pending or running for longer than ``PAYLOAD_TTL``)."""
+        names: set[str] = set()
+        for spec, _ in self.list_queues():  # type: ignore[attr-defined]
+            for pk in K.pending_pks(spec.name):
+                names |= self._renewable(K.PENDING_INDEX, K.PENDING_PK, pk, now)
+        for pk in K.lease_pks():
+            names |= self._renewable(K.LEASES_INDEX, K.LEASE_PK, pk, now)
+        for name in names:
+            g = self._group(name)
+            for _ in range(_TRIES):
+                due = [] if g is None else renew_due(g, now)
+                if g is None or not due:
+                    break
+                for key in due:
+                    self._extend_part(g, key, int(now + PAYLOAD_TTL))
+                g = self._write(g)
+
+    def _renewable(self, index: str, pk_attr: str, pk: str, now: float) -> set[str]:
+        items = self._pages(
+            self._ddb.query,
+            TableName=self._invocations,
+            IndexName=index,
+            KeyConditionExpression="#pk = :pk",
+            FilterExpression="#r <= :now",
+            ExpressionAttributeNames={"#pk": pk_attr, "#r": K.P_RENEW},
+            ExpressionAttributeValues={":pk": {"S": pk}, ":now": num(now)},
+        )
+        return {i["id"]["S"][len(GROUP_PREFIX) :] for i in items}
+
+    def _delete_invocations(self, queue: str) -> int:
+        """Every group of the queue, its part items, S3 objects and job output."""
+        gone = 0
+        for page in self._queue_groups(queue):
+            groups = list(self._groups(page).values())
+            keys = {g.key for g in groups}
+            for g in groups:
+                for s in g.slots.values():
+                    keys |= {k for k in (s.payload_at, s.result_at) if k and is_part(k)}
+                keys |= set(g.p_until)
+            self._delete_items(self._invocations, [{"id": {"S": k}} for k in sorted(keys)])
+            self._delete_objects(k for g in groups for s in g.slots.values() for k in s.objects())
+            self._delete_logs(sid for g in groups for sid in g.slots)
+            gone += sum(len(g.slots) for g in groups)
+        return gone
+
+
+def _apply(slot: Slot, changes: Mapping[str, Any], where: Mapping[str, str | None]) -> list[str]:
+    """Apply ``changes`` to a slot; returns the S3 objects it no longer points at."""
+    replaced: list[str] = []
+    for name, value in changes.items():
+        if name in ("payload", "result"):
+            attr = f"{name}_at"
+            old = getattr(slot, attr)
+            setattr(slot, attr, None if value is None else where.get(name))
+        elif name == "error":
+            old = slot.error_at
+            slot.error_at = None if value is None else where.get("error")
+            slot.values["error"] = normal(name, value) if slot.error_at is None else None
+        else:
+            slot.values[name] = normal(name, value)
+            continue
+        if old is not None and not is_part(old) and old != getattr(slot, f"{name}_at"):
+            replaced.append(old)
+    return replaced
+
+
+def _leaves_running(changes: Mapping[str, Any]) -> bool:
+    return "state" in changes and changes["state"] != State.RUNNING
+
+
+def _latest_expiry(g: Group) -> float:
+    return max((s.values.get("expires_at") or 0.0) for s in g.slots.values())
+
+
+def _bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError("payload and result must be bytes")
+    return bytes(value)
+
+
+def _chunks(items: Iterable[Item], size: int) -> Iterator[list[Item]]:
+    """Lists of ``size`` items, then twice as many each time (at most 100: a batch read)."""
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+        size = min(size * 2, 100)
