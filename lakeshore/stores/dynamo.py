@@ -50,7 +50,7 @@ from botocore.exceptions import ClientError  # type: ignore[import-untyped]
 from ..plane.model import QueueSpec
 from . import keys as K
 from .dynamo_extras import error_code
-from .dynamo_invocations import DynamoInvocations
+from .dynamo_indexes import DynamoIndexes
 from .dynamo_items import (
     Item,
     num,
@@ -139,7 +139,7 @@ def _spec(item: Item) -> QueueSpec:
     return QueueSpec(name=item[K.Q_NAME]["S"], **unpack(item[K.Q_SPEC]["B"]))
 
 
-class DynamoStore(DynamoInvocations):
+class DynamoStore(DynamoIndexes):
     """A :class:`~dreamlake.lakeshore.plane.store.Store` on DynamoDB and S3.
 
     ``resources`` names the tables and bucket (:meth:`keys.Resources.from_env` in a

@@ -45,6 +45,7 @@ __all__ = [
     "GROUP_PREFIX",
     "PAYLOAD_TTL",
     "RENEW_MARGIN",
+    "RESULT_TTL_SLACK",
     "SLOT_FIELDS",
     "Group",
     "Slot",
@@ -52,10 +53,14 @@ __all__ = [
     "group_item",
     "group_key",
     "holds",
+    "is_part",
     "new_tag",
     "parse_group",
     "part_item",
     "record",
+    "renew_at",
+    "renew_due",
+    "unpack_parts",
 ]
 
 GROUP_PREFIX = "g#"
@@ -342,31 +347,6 @@ def is_part(key: str) -> bool:
     return key.startswith((PAYLOAD_PREFIX, RESULT_PREFIX))
 
 
-def part_group(key: str) -> str:
-    """The group a part item belongs to."""
-    return key[2:].rsplit("#", 1)[0]
-
-
-def check_queue(g: Group, queue: str, inv_id: str) -> None:
-    if g.queue != queue:
-        raise ValueError(
-            f"invocation {inv_id!r} is in the id group of queue {g.queue!r}, not {queue!r}"
-        )
-
-
-def new_slot(inv: Invocation) -> Slot:
-    values = {n: getattr(inv, n) for n in SLOT_FIELDS}
-    return Slot(values)
-
-
-def expect_keys() -> frozenset[str]:
-    return frozenset(SLOT_FIELDS) | {"payload", "result", "id", "queue"}
-
-
 def unpack_parts(item: Item) -> dict[str, bytes]:
     parts: dict[str, bytes] = unpack(item["parts"]["B"])
     return parts
-
-
-def pack_error(error: Any) -> bytes:
-    return pack(error)
