@@ -31,6 +31,7 @@ and the slot keeps its key. Nothing here talks to AWS.
 from __future__ import annotations
 
 import math
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -100,6 +101,7 @@ SLOT_FIELDS = (
 _STATES = tuple(State)
 _COUNTED = 1
 _LOGGED = 2
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 _STRINGS = frozenset({"order_key", "request_digest", "lease_token", "worker", "progress_message"})
 
 
@@ -171,6 +173,8 @@ def _encode_value(name: str, value: Any) -> Any:
         if not isinstance(value, RetryPolicy):
             raise TypeError("retry must be a RetryPolicy")
         return value.to_dict()
+    if name == "request_digest" and isinstance(value, str) and _HEX_DIGEST.fullmatch(value):
+        return bytes.fromhex(value)  # a sha256: 32 bytes instead of 64 characters
     if name in _STRINGS:
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a string")
@@ -195,35 +199,61 @@ def _decode_value(name: str, value: Any) -> Any:
         return _STATES[value]
     if name == "retry":
         return RetryPolicy(**value)
+    if name == "request_digest" and isinstance(value, bytes):
+        return value.hex()
     return normal(name, value)
 
 
-def _encode_slot(slot: Slot) -> list[Any]:
+def _encode_slot(slot: Slot, ref: Callable[[str | None], int | None]) -> list[Any]:
     flags = (_COUNTED if slot.counted else 0) | (_LOGGED if slot.logged else 0)
     values = [_encode_value(n, slot.values.get(n)) for n in SLOT_FIELDS]
-    return [*values, slot.payload_at, slot.result_at, slot.error_at, flags]
+    return [*values, ref(slot.payload_at), ref(slot.result_at), ref(slot.error_at), flags]
 
 
-def _decode_slot(raw: list[Any]) -> Slot:
+def _decode_slot(raw: list[Any], keys: list[str]) -> Slot:
     n = len(SLOT_FIELDS)
     values = {name: _decode_value(name, raw[i]) for i, name in enumerate(SLOT_FIELDS)}
-    payload_at, result_at, error_at, flags = raw[n : n + 4]
+    payload_at, result_at, error_at = (None if r is None else keys[r] for r in raw[n : n + 3])
     return Slot(
         values,
         payload_at=payload_at,
         result_at=result_at,
         error_at=error_at,
-        counted=bool(flags & _COUNTED),
-        logged=bool(flags & _LOGGED),
+        counted=bool(raw[n + 3] & _COUNTED),
+        logged=bool(raw[n + 3] & _LOGGED),
     )
+
+
+def _pack_slots(g: Group) -> bytes:
+    """The slots as stored: each under its id less the group's name (``.c``, or empty
+    for a group of one), the keys they name listed once (a slot holds their index)."""
+    keys: list[str] = []
+    index: dict[str, int] = {}
+
+    def ref(key: str | None) -> int | None:
+        if key is None:
+            return None
+        if key not in index:
+            index[key] = len(keys)
+            keys.append(key)
+        return index[key]
+
+    slots = {sid[len(g.name) :]: _encode_slot(slot, ref) for sid, slot in g.slots.items()}
+    return pack({"k": keys, "s": slots})
+
+
+def _unpack_slots(name: str, raw: bytes) -> dict[str, Slot]:
+    doc = unpack(raw)
+    return {name + suffix: _decode_slot(slot, doc["k"]) for suffix, slot in doc["s"].items()}
 
 
 def parse_group(item: Item) -> Group:
     """The group a stored item holds."""
-    slots = {sid: _decode_slot(raw) for sid, raw in unpack(item["slots"]["B"]).items()}
+    name = item["id"]["S"][len(GROUP_PREFIX) :]
+    slots = _unpack_slots(name, item["slots"]["B"])
     p_until = unpack(item["p_until"]["B"]) if "p_until" in item else {}
     return Group(
-        name=item["id"]["S"][len(GROUP_PREFIX) :],
+        name=name,
         queue=item["queue"]["S"],
         slots=slots,
         rev=int(item[K.REV]["N"]),
@@ -241,7 +271,7 @@ def group_item(g: Group, wtok: str) -> Item:
         "queue": {"S": g.queue},
         K.REV: num(g.rev + 1),
         "wtok": {"S": wtok},
-        "slots": {"B": pack({sid: _encode_slot(s) for sid, s in g.slots.items()})},
+        "slots": {"B": _pack_slots(g)},
     }
     if g.p_until:
         item["p_until"] = {"B": pack(g.p_until)}
