@@ -578,6 +578,38 @@ def test_the_sweeper_hands_an_expired_lease_back(
     assert_allowed(stack.faults.calls, template, stack.resources)
 
 
+def test_a_batch_through_the_api_is_one_group_written_once_a_step(stack: Stack) -> None:
+    # Given ten submissions without ids in one request
+    subs = [{"queue": "jobs", "ref": "math:sqrt", "args": [n]} for n in range(10)]
+    puts = ("dynamodb", "PutItem", stack.resources.invocations)
+    sent = stack.faults.sent[puts]
+    status, body, _ = stack.call("POST", "/v1/invocations", {"invocations": subs})
+    # Then the API gave them ids of one group, stored as a payload item and a group item
+    assert status == 200 and len({i.rsplit(".", 1)[0] for i in body["ids"]}) == 1
+    assert stack.faults.sent[puts] - sent == 2
+    # When a worker claims and completes all ten, each step writes the group once (and
+    # the completion its result item)
+    sent = stack.faults.sent[puts]
+    _, claimed, _ = stack.call(
+        "POST", "/v1/claims", {"queues": ["jobs"], "worker": "w", "limit": 10}
+    )
+    assert len(claimed["claims"]) == 10 and stack.faults.sent[puts] - sent == 1
+    results = [
+        {"id": c["id"], "lease_token": c["lease_token"], "result": result_of(n)}
+        for n, c in enumerate(claimed["claims"])
+    ]
+    sent = stack.faults.sent[puts]
+    _, done, _ = stack.call("POST", "/v1/completions", {"results": results})
+    assert all(a["ok"] for a in done["answers"]) and stack.faults.sent[puts] - sent == 2
+    # And an id of that group submitted to another queue is refused with a reason
+    assert stack.call("POST", "/v1/queues", {"name": "other"})[0] in (200, 201)
+    base = body["ids"][0].rsplit(".", 1)[0]
+    status, refused, _ = stack.call(
+        "POST", "/v1/invocations", {"invocations": [submission(base + ".f", "other")]}
+    )
+    assert status == 400 and "one queue" in refused["error"]["message"]
+
+
 # --- faults --------------------------------------------------------------------------
 
 
