@@ -1460,3 +1460,51 @@ def test_an_invocation_is_unknown_once_its_tombstone_has_passed(
         "b-new-0",
         "b-new-1",
     ]
+
+
+# --- the finish sequence (stores that offer finished_since) ----------------------------
+
+
+def _finish(store: Store, inv_id: str) -> None:
+    done = {"state": State.SUCCEEDED, "finished_at": T0, "expires_at": T0 + 100}
+    assert store.update_if(inv_id, {"state": State.RUNNING}, done) is not None
+
+
+def test_finished_since_a_cursor_is_exactly_what_finished_after_it(tmp_path: Path) -> None:
+    # (SQLite's finish sequence; the DynamoDB store has none: its waits read their ids)
+    s, other = SqliteStore(tmp_path / "plane.db"), SqliteStore(tmp_path / "plane.db")
+    ids = ["a", "b", "c"]
+    s.insert_many([record(i, state=State.RUNNING) for i in ids])
+    # Given a cursor taken before anything finished, and one after a finished
+    before = s.finish_cursor()
+    _finish(s, "a")
+    after_a = s.finish_cursor()
+    # When another handle (another process) finishes b, and c is still running
+    _finish(other, "b")
+    # Then each cursor answers exactly what finished after it, whatever the times say
+    assert sorted(r.id for r in s.finished_since(ids, before)) == ["a", "b"]
+    assert [r.id for r in s.finished_since(ids, after_a)] == ["b"]
+    assert s.finished_since(ids, other.finish_cursor()) == []
+    # and a record finished, retried and finished again is found after its new finish
+    cursor = s.finish_cursor()
+    assert s.update_if("a", {"state": State.SUCCEEDED}, {"state": State.RUNNING})
+    assert s.finished_since(ids, cursor) == []
+    _finish(s, "a")
+    assert [r.id for r in s.finished_since(ids, cursor)] == ["a"]
+    s.close()
+    other.close()
+
+
+def test_a_plane_file_from_before_the_finish_sequence_gains_it(tmp_path: Path) -> None:
+    # Given a plane file as an older version left it (no finish_seq column)
+    old = SqliteStore(tmp_path / "plane.db")
+    old.insert(record("a", state=State.RUNNING))
+    old._db.execute("DROP INDEX inv_finish_seq")
+    old._db.execute("ALTER TABLE invocations DROP COLUMN finish_seq")
+    old.close()
+    # When it is opened again, its records are there and finishes are numbered
+    s = SqliteStore(tmp_path / "plane.db")
+    cursor = s.finish_cursor()
+    _finish(s, "a")
+    assert [r.id for r in s.finished_since(["a"], cursor)] == ["a"]
+    s.close()

@@ -14,9 +14,6 @@ from .base import PlaneBase
 from .model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
 from .ordering import order_key
 
-#: seconds a wait cursor reaches back (commits take far less; see ``wait_cursor``)
-_CURSOR_MARGIN = 2.0
-
 __all__ = ["ProducerOps", "request_digest"]
 
 
@@ -90,7 +87,7 @@ class ProducerOps(PlaneBase):
         since: float,
         lately: Callable[[Sequence[str], float], list[Invocation]],
     ) -> list[Invocation]:
-        """A cursor wait: look at what finished since ``since`` and, while none of
+        """A cursor wait: look at what finished after cursor ``since`` and, while none of
         ``ids`` is among it, sleep until the next finish anywhere. Nothing is
         registered per id, so a poll of ten thousand ids costs what finished lately."""
         deadline = time.monotonic() + timeout
@@ -106,9 +103,11 @@ class ProducerOps(PlaneBase):
 
     def wait_cursor(self) -> float:
         """The ``since`` for the next :meth:`wait` on the same ids, taken *before* this
-        wait looks: a little in the past, so a finish committed while it looked is
-        looked at again (an id answered twice is harmless; one missed would hang)."""
-        return self.clock.now() - _CURSOR_MARGIN
+        wait looks, so a finish committed while it looked is looked at again (an id
+        answered twice is harmless; one missed would hang): the store's finish sequence
+        (``finish_cursor``), or 0 for a store without one (it ignores ``since``)."""
+        cursor = getattr(self.store, "finish_cursor", None)
+        return float(cursor()) if callable(cursor) else 0.0
 
     def watch(
         self, ids: Sequence[str], callback: Callable[[Invocation], None]
@@ -148,8 +147,8 @@ class ProducerOps(PlaneBase):
     ) -> list[Invocation]:
         """Block until at least one of ``ids`` is finished or ``timeout`` passes.
 
-        Returns the finished records among ``ids`` (possibly none). With ``since`` (a
-        plane time from an earlier wait on these ids, see :meth:`wait_cursor`) the ids
+        Returns the finished records among ``ids`` (possibly none). With ``since`` (the
+        cursor of an earlier wait on these ids, see :meth:`wait_cursor`) the ids
         are known to exist and ids finished before ``since`` have been answered already:
         a store that can find what finished lately (``finished_since``) then reads only
         that, not every id — what keeps a wait on thousands of ids cheap.

@@ -108,6 +108,12 @@ CREATE TABLE IF NOT EXISTS blobs (
 );
 """
 
+#: the next number of the finish sequence, inside the write that takes it (writes are
+#: serialised, so numbers follow commit order across threads and processes)
+_NEXT_FINISH = (
+    "(SELECT coalesce(max(finish_seq), 0) + 1 FROM invocations WHERE finish_seq IS NOT NULL)"
+)
+
 _COLUMNS = [f.name for f in fields(Invocation)]
 _COLUMN_SET = frozenset(_COLUMNS)
 _SELECT = ", ".join(_COLUMNS)
@@ -182,6 +188,19 @@ class SqliteStore:
             for stmt in _SCHEMA.split(";"):
                 if stmt.strip():
                     self._db.execute(stmt)
+            self._add_finish_seq()
+
+    def _add_finish_seq(self) -> None:
+        """The finish sequence (a column older plane files lack): every write that
+        finishes an invocation gives it the next number, so a wait can ask exactly for
+        what finished after a cursor (:meth:`finished_since`)."""
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(invocations)")}
+        if "finish_seq" not in columns:
+            self._db.execute("ALTER TABLE invocations ADD COLUMN finish_seq INTEGER")
+        self._db.execute(
+            "CREATE INDEX IF NOT EXISTS inv_finish_seq ON invocations (finish_seq)"
+            " WHERE finish_seq IS NOT NULL"
+        )
 
     def _use_wal(self) -> None:
         """Switch the file to WAL (it stays so). Changing the journal mode does not wait
@@ -309,9 +328,12 @@ class SqliteStore:
     def insert(self, inv: Invocation) -> Invocation | None:
         values = [_to_column(c, getattr(inv, c)) for c in _COLUMNS]
         marks = ", ".join("?" * len(_COLUMNS))
+        seq = _NEXT_FINISH if inv.state in FINISHED else "NULL"
         with self._tx() as db:
             cur = db.execute(
-                f"INSERT OR IGNORE INTO invocations ({_SELECT}) VALUES ({marks})", values
+                f"INSERT OR IGNORE INTO invocations ({_SELECT}, finish_seq)"
+                f" VALUES ({marks}, {seq})",
+                values,
             )
             if cur.rowcount == 1:
                 return None
@@ -353,13 +375,22 @@ class SqliteStore:
         done = [r[0] for r in rows if r[1] in _FINISHED_STATES]
         return known, self.get_many(done) if done else []
 
+    def finish_cursor(self) -> int:
+        """The finish sequence now: :meth:`finished_since` this number answers exactly
+        what finishes after this call (writes take numbers in commit order)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT coalesce(max(finish_seq), 0) FROM invocations WHERE finish_seq IS NOT NULL"
+            ).fetchone()
+        return int(row[0])
+
     def finished_since(self, ids: Sequence[str], since: float) -> list[Invocation]:
-        """The records among ``ids`` that finished at or after ``since`` (by the index
-        of finish times: the cost follows what finished lately, not ``len(ids)``)."""
+        """The records among ``ids`` that finished after cursor ``since`` (a
+        :meth:`finish_cursor`): the cost follows what finished since, not ``len(ids)``."""
         wanted = set(ids)
         with self._lock:
             rows = self._db.execute(
-                "SELECT id FROM invocations INDEXED BY inv_finished WHERE finished_at >= ?",
+                "SELECT id FROM invocations INDEXED BY inv_finish_seq WHERE finish_seq > ?",
                 (since,),
             ).fetchall()
         hits = [r[0] for r in rows if r[0] in wanted]
@@ -378,6 +409,8 @@ class SqliteStore:
         if unknown:
             raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
         sets = ", ".join(f"{c} = ?" for c in changes)
+        if changes.get("state") in FINISHED:
+            sets += f", finish_seq = {_NEXT_FINISH}"
         params: list[Any] = [_to_column(c, v) for c, v in changes.items()]
         where = ["id = ?"]
         params.append(inv_id)
