@@ -10,8 +10,9 @@ and on one machine.
 from __future__ import annotations
 
 import base64
+import itertools
+import os
 import time
-import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +20,9 @@ __all__ = ["header", "http_event", "http_response", "query", "raw_bodies", "requ
 
 #: marks an event built by :func:`http_event` with ``raw_body`` (never from API Gateway)
 _RAW = "lakeshoreRawBodies"
+#: request ids of this process's events: unique without a uuid4 a request
+_REQUEST_PREFIX = os.urandom(6).hex()
+_REQUESTS = itertools.count(1)
 
 
 def request_body(event: Mapping[str, Any]) -> bytes:
@@ -94,7 +98,7 @@ def http_event(
                 "sourceIp": source_ip,
                 "userAgent": hdrs.get("user-agent", ""),
             },
-            "requestId": uuid.uuid4().hex,
+            "requestId": f"{_REQUEST_PREFIX}-{next(_REQUESTS)}",
             "routeKey": "$default",
             "stage": "$default",
             "time": time.strftime("%d/%b/%Y:%H:%M:%S +0000", time.gmtime(now)),

@@ -636,21 +636,22 @@ class Service:
             {"id": str, "lease_token": str, "result": (bytes, str)},
             ("id", "lease_token", "result"),
         )
-        recs = self._leased_in_scope(ident, [x["id"] for x in items])
+        if not ident.unscoped:  # (an unscoped token's completions need no read first)
+            self._leased_in_scope(ident, [x["id"] for x in items])
         results = [as_bytes(x["result"], "result") for x in items]
         if any(len(result) > self.limits.inline_payload for result in results):
             raise InvalidRequest("result is over the inline limit: send it as a blob")
-        refusals = self.plane.complete_many(
+        outcomes = self.plane.complete_records(
             [(x["id"], x["lease_token"], result) for x, result in zip(items, results, strict=True)]
         )
         answers = []
-        for x, exc in zip(items, refusals, strict=True):
-            if exc is None:
+        for x, outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, Exception):  # LeaseLost and the like answer per item
+                answers.append({"id": x["id"], "ok": False, "error": _error(outcome)})
+                logs.event(_log, "answer.refused", x["id"], code=_error(outcome)["code"])
+            else:  # (started_at, worker, attempt: as they were while it ran)
                 answers.append({"id": x["id"], "ok": True, "error": None})
-                self._finished(recs.get(x["id"]), "succeeded")
-            else:  # LeaseLost and the like answer per item
-                answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
-                logs.event(_log, "answer.refused", x["id"], code=_error(exc)["code"])
+                self._finished(outcome, "succeeded")
         return {"answers": answers}
 
     def fail(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:

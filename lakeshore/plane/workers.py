@@ -186,6 +186,14 @@ class WorkerOps(PlaneBase):
         """:meth:`complete` for several ``(id, lease_token, result)``, written in one
         store call (a store may write a group's results together); each item's refusal
         (or None), in order. Each item is accepted or refused on its own."""
+        answers = self.complete_records(items)
+        return [answer if isinstance(answer, Exception) else None for answer in answers]
+
+    def complete_records(
+        self, items: Sequence[tuple[str, str, bytes]]
+    ) -> list[Invocation | Exception]:
+        """:meth:`complete_many`, answering each item's record after it (succeeded) or
+        its refusal: what the API counts and logs, without reading the records again."""
         now = self.clock.now()
         updates = [
             (inv_id, _held(token), self._success_changes(result, now))
@@ -193,8 +201,8 @@ class WorkerOps(PlaneBase):
         ]
         with self.batch(len(items) > 1):
             answers = self._update_where(updates, deadline_after=now)
-            out = [
-                None if updated is not None else self._refusal(inv_id, token)
+            out: list[Invocation | Exception] = [
+                updated if updated is not None else self._refusal(inv_id, token)
                 for (inv_id, token, _), updated in zip(items, answers, strict=True)
             ]
         self._changes.finished(updated for updated in answers if updated is not None)
