@@ -31,6 +31,7 @@ import logging
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any, ClassVar, cast
@@ -317,17 +318,8 @@ class _QueueHandle:
             await asyncio.to_thread(_send_open_batch)
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Invocation] = loop.create_future()
-
-        def resolve(rec: Invocation) -> None:
-            if not fut.done():
-                fut.set_result(rec)
-
-        def on_done(rec: Invocation) -> None:
-            # RuntimeError: the loop is gone, so nobody is waiting any more
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(resolve, rec)
-
-        unwatch = self.dispatch.transport.watch([inv_id], on_done)
+        inbox = _LoopInbox.of(loop)
+        unwatch = self.dispatch.transport.watch([inv_id], lambda rec: inbox.put(fut, rec))
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
@@ -340,6 +332,47 @@ class _QueueHandle:
     def _status(self, inv_id: str) -> str:
         transport = self.dispatch.transport
         return transport.get(inv_id).public_state(transport.now()).value
+
+
+class _LoopInbox:
+    """Results handed to one event loop from other threads (the transport's poller),
+    in batches: one wake-up of the loop for all that arrived since the last one,
+    instead of one ``call_soon_threadsafe`` (a write to the loop's self-pipe) a result.
+    """
+
+    _of: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopInbox]] = (
+        weakref.WeakKeyDictionary()
+    )
+    _made = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Future[Invocation], Invocation]] = []
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopInbox:
+        with cls._made:
+            inbox = cls._of.get(loop)
+            if inbox is None:
+                inbox = cls._of[loop] = cls(loop)
+            return inbox
+
+    def put(self, fut: asyncio.Future[Invocation], rec: Invocation) -> None:
+        with self.lock:
+            self.items.append((fut, rec))
+            if len(self.items) > 1:
+                return  # a wake-up is on its way
+        # RuntimeError: the loop is gone, so nobody is waiting any more
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for fut, rec in items:
+            if not fut.done():
+                fut.set_result(rec)
 
 
 class Queue(_QueueHandle):
