@@ -1508,3 +1508,32 @@ def test_a_plane_file_from_before_the_finish_sequence_gains_it(tmp_path: Path) -
     _finish(s, "a")
     assert [r.id for r in s.finished_since(["a"], cursor)] == ["a"]
     s.close()
+
+
+# --- blobs of a plane file live beside it ------------------------------------------------
+
+
+def test_a_plane_files_blobs_are_files_beside_it_and_older_ones_still_read(
+    tmp_path: Path,
+) -> None:
+    import hashlib
+
+    data = b"\x00blob\xff" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    s, other = SqliteStore(tmp_path / "plane.db"), SqliteStore(tmp_path / "plane.db")
+    # A blob put through one handle is a file beside the plane (not in its database)
+    s.put_blob(digest, data, T0)
+    assert (tmp_path / "plane.db.blobs" / digest).read_bytes() == data
+    assert s._db.execute("SELECT count(*) FROM blobs").fetchone()[0] == 0
+    # and another handle (another process) reads it; a second put changes nothing
+    assert other.get_blob(digest) == data and other.has_blobs([digest, "0" * 64]) == {digest}
+    other.put_blob(digest, data, T0)
+    assert sorted(p.name for p in (tmp_path / "plane.db.blobs").iterdir()) == [digest]
+    # A blob an older version kept in the database is still found
+    old = hashlib.sha256(b"old").hexdigest()
+    s._db.execute("INSERT INTO blobs VALUES (?, ?, ?)", (old, b"old", T0))
+    assert other.get_blob(old) == b"old" and other.has_blobs([old]) == {old}
+    # A digest that is not a sha256 never names a file
+    assert s.get_blob("../plane.db") is None and s.has_blobs(["../plane.db"]) == set()
+    s.close()
+    other.close()

@@ -4,11 +4,15 @@ Every primitive is one short transaction. Compare-and-set updates are a single
 ``UPDATE … WHERE id = ? AND <expect> RETURNING *``, so two processes racing for the
 same invocation cannot both win. A file plane runs in WAL mode with a busy timeout;
 ``durability="normal"`` (the default) survives a killed process, ``"full"`` also a
-power loss, at the price of an fsync per commit.
+power loss, at the price of an fsync per commit. A file plane keeps content-addressed
+blobs as files in ``<plane file>.blobs/`` (written whole, then renamed into place).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import sqlite3
 import threading
 import time
@@ -114,6 +118,9 @@ _NEXT_FINISH = (
     "(SELECT coalesce(max(finish_seq), 0) + 1 FROM invocations WHERE finish_seq IS NOT NULL)"
 )
 
+#: a blob's digest as put_blob receives it (the plane checks it against the bytes)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
 _COLUMNS = [f.name for f in fields(Invocation)]
 _COLUMN_SET = frozenset(_COLUMNS)
 _SELECT = ", ".join(_COLUMNS)
@@ -171,6 +178,8 @@ class SqliteStore:
     ) -> None:
         self.path = str(path)
         self.shared = self.path != ":memory:"
+        self._blob_dir = Path(self.path + ".blobs") if self.shared else None
+        self._full = durability == "full"
         self.poll_interval = 0.002
         if self.shared:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -607,22 +616,54 @@ class SqliteStore:
         return {k: d for k, d in rows}
 
     # --- blobs ----------------------------------------------------------------
+    # A plane file keeps its blobs as files beside it (``<plane>.blobs/<digest>``): a
+    # blob of megabytes in the database would be written twice (WAL, then the checkpoint,
+    # which stalls every other write behind it). A ":memory:" plane keeps them in its
+    # table, as do plane files written before (read from there when no file has them).
+    def _blob_path(self, digest: str) -> Path | None:
+        if self._blob_dir is None or not _SHA256.fullmatch(digest):
+            return None
+        return self._blob_dir / digest
+
     def put_blob(self, digest: str, data: bytes, now: float) -> None:
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO blobs (digest, data, created_at) VALUES (?, ?, ?)",
-                (digest, data, now),
-            )
+        path = self._blob_path(digest)
+        if path is None:
+            with self._tx() as db:
+                db.execute(
+                    "INSERT OR IGNORE INTO blobs (digest, data, created_at) VALUES (?, ?, ?)",
+                    (digest, data, now),
+                )
+            return
+        if path.exists():
+            return
+        path.parent.mkdir(exist_ok=True)
+        # written whole under another name, then renamed: a reader never sees a part
+        partial = path.with_name(f".{digest}.{os.getpid()}.{threading.get_ident()}")
+        with open(partial, "wb") as f:
+            f.write(data)
+            if self._full:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(partial, path)
 
     def get_blob(self, digest: str) -> bytes | None:
+        path = self._blob_path(digest)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                return path.read_bytes()
         with self._lock:
             row = self._db.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)).fetchone()
         return None if row is None else bytes(row[0])
 
     def has_blobs(self, digests: Iterable[str]) -> set[str]:
-        return {
-            r[0] for r in self._select_in("SELECT digest FROM blobs WHERE digest IN ({})", digests)
-        }
+        wanted = set(digests)
+        found = {d for d in wanted if (p := self._blob_path(d)) is not None and p.exists()}
+        rest = wanted - found
+        if rest:
+            found |= {
+                r[0] for r in self._select_in("SELECT digest FROM blobs WHERE digest IN ({})", rest)
+            }
+        return found
 
     # --- change detection ---------------------------------------------------------
     def change_marker(self) -> int:
