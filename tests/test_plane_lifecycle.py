@@ -1143,3 +1143,30 @@ def test_submit_rejects_an_invalid_submission(plane: Plane, submission: Submissi
 def test_claim_rejects_a_limit_below_one(plane: Plane) -> None:
     with pytest.raises(InvalidRequest):
         plane.claim([QUEUE], "w1", limit=0)
+
+
+def test_a_cursor_wait_moves_past_other_finishes_and_still_answers_its_own(
+    plane: Plane,
+) -> None:
+    # Given a cursor taken before thirty invocations finish, and one more still running
+    plane.submit([Submission(f"j{n}", QUEUE, b"x") for n in range(31)])
+    cursor = plane.wait_cursor()
+    by_id = {c.id: c for c in plane.claim([QUEUE], "w", limit=31)}
+    for n in range(30):
+        plane.complete(f"j{n}", by_id[f"j{n}"].lease_token, b"r")
+    looked: list[float] = []
+    store: Any = plane.store
+    lately = store.finished_since
+
+    def counted(ids: Any, since: float) -> list[Invocation]:
+        looked.append(since)
+        return list(lately(ids, since))
+
+    store.finished_since = counted
+    # When a wait on the running one looks (0.3 s: three looks, a quarter second apart)
+    assert plane.wait(["j30"], 0.3, since=cursor) == []
+    # Then after its first look found none of its own, it looked past what it had seen
+    assert looked[0] == cursor and len(looked) >= 2 and looked[1] > cursor
+    # And a wait from the same cursor still answers it once it finishes
+    plane.complete("j30", by_id["j30"].lease_token, b"r")
+    assert [r.id for r in plane.wait(["j30"], 1.0, since=cursor)] == ["j30"]

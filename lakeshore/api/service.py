@@ -21,7 +21,7 @@ from ..dashboard import PauseFlags, call_summary, queue_stats
 from ..errors import InvalidRequest, LakeshoreError, NotFound, PayloadTooLarge, QueueNotFound
 from ..metrics import Registry
 from ..plane import Plane
-from ..plane.model import Invocation, QueueSpec, RetryPolicy, State, Submission
+from ..plane.model import Claim, Invocation, QueueSpec, RetryPolicy, State, Submission
 from ..plane.store import WakeObjects, wake_objects
 from ..submit import IdGroups, new_id
 from ..wire import (
@@ -107,6 +107,19 @@ def _retry(value: Any) -> RetryPolicy | None:
 def _error(exc: Exception) -> dict[str, str]:
     code = exc.code if isinstance(exc, LakeshoreError) else "internal"
     return {"code": code, "message": str(exc)}
+
+
+def _claim_view(c: Claim) -> dict[str, Any]:
+    """A claim as the API answers it (dataclasses.asdict, without its deep copies)."""
+    return {
+        "id": c.id,
+        "queue": c.queue,
+        "payload": c.payload,
+        "lease_token": c.lease_token,
+        "lease_expires_at": c.lease_expires_at,
+        "attempt": c.attempt,
+        "timeout": c.timeout,
+    }
 
 
 def _spec_view(spec: QueueSpec) -> dict[str, Any]:
@@ -525,7 +538,7 @@ class Service:
                 worker=worker,
                 attempt=c.attempt,
             )
-        return {"claims": [asdict(c) for c in claims]}
+        return {"claims": [_claim_view(c) for c in claims]}
 
     def _idle_answer(
         self,

@@ -89,16 +89,20 @@ class ProducerOps(PlaneBase):
     ) -> list[Invocation]:
         """A cursor wait: look at what finished after cursor ``since`` and, while none of
         ``ids`` is among it, sleep until the next finish anywhere. Nothing is
-        registered per id, so a poll of ten thousand ids costs what finished lately."""
+        registered per id, so a poll of ten thousand ids costs what finished lately;
+        after a look that found none of them, the cursor moves past what it looked at
+        (so a wait beside busy queues does not read their finishes again and again)."""
         deadline = time.monotonic() + timeout
         while True:
             count = self._changes.finishes
+            mark = self.wait_cursor()  # before the look: all up to it is looked at
             now = self.clock.now()
             shown = (self.visible(r, now) for r in lately(ids, since))
             done = [r for r in shown if r is not None]
             left = deadline - time.monotonic()
             if done or left <= 0 or self._changes.closed:
                 return done
+            since = max(since, mark)
             self._changes.wait_finish(count, min(left, 0.25))
 
     def wait_cursor(self) -> float:
