@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import threading
@@ -23,18 +24,19 @@ if TYPE_CHECKING:
 __all__ = ["IdGroups", "SubmitOptions", "key_id", "new_id", "outcome"]
 
 _ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+#: RFC 4648's base32 digits → ours
+_TO_ALPHABET = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _ID_ALPHABET.encode())
 
 
 def new_id() -> str:
-    """A fresh invocation id: time-ordered, 26 characters, unique without coordination."""
+    """A fresh invocation id: time-ordered, 26 characters, unique without coordination.
+
+    The 130-bit number ``milliseconds << 80 | 80 random bits`` in base32 (Crockford's
+    lower-case alphabet), most significant digit first."""
     ms = int(time.time() * 1000)
-    rand = int.from_bytes(os.urandom(10), "big")
-    n = (ms << 80) | rand
-    chars = []
-    for _ in range(26):
-        n, r = divmod(n, 32)
-        chars.append(_ID_ALPHABET[r])
-    return "".join(reversed(chars))
+    n = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    # 160 bits encode to 32 digits aligned on the low end: the last 26 are n's
+    return base64.b32encode(n.to_bytes(20, "big"))[6:].translate(_TO_ALPHABET).decode()
 
 
 class IdGroups:
