@@ -889,7 +889,14 @@ def test_a_worker_refuses_a_function_body_that_does_not_match_its_digest(
         _assert_refused(q, inv, marker, fn_digest)
 
 
-def test_a_worker_refuses_arguments_that_do_not_match_their_digest(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "kind",
+    ["thread", "process"],
+    ids=["run_worker", "process worker (its job process reads the blob itself)"],
+)
+def test_a_worker_refuses_arguments_that_do_not_match_their_digest(
+    tmp_path: Path, kind: str
+) -> None:
     # Given an invocation whose arguments are over the inline limit, so they travel as a
     # blob (args_ref) named by their sha256
     plane_file = tmp_path / "plane.db"
@@ -902,7 +909,7 @@ def test_a_worker_refuses_arguments_that_do_not_match_their_digest(tmp_path: Pat
         # When the argument blob is swapped for arguments that call other code on load
         evil_args = cloudpickle.dumps(((_Detonator(marker),), {}), protocol=5)
         _tamper(plane_file, env["args_ref"], evil_args)
-        _run_one("thread", dp, "tamper", inv)
+        _run_one(kind, dp, "tamper", inv)
         # Then the worker refuses them before unpickling
         _assert_refused(q, inv, marker, env["args_ref"])
 

@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from ..dispatch import Dispatch
@@ -61,12 +62,20 @@ class _Capture:
 
 
 class _Blobs:
-    def __init__(self, limit: int) -> None:
+    """The blobs a job reads: those its parent sent, else read from the plane by this
+    process (a large argument blob comes straight here, not through the parent and the
+    pipe). The executor checks each against its digest."""
+
+    def __init__(self, limit: int, plane: Callable[[], Dispatch]) -> None:
         self.blobs: dict[str, bytes] = {}
         self.limit = limit
+        self.plane = plane
 
     def get_blob(self, digest: str) -> bytes:
-        return self.blobs[digest]
+        data = self.blobs.get(digest)
+        if data is None:
+            data = self.blobs[digest] = self.plane().transport.get_blob(digest)
+        return data
 
     def inline_limit(self) -> int:
         return self.limit
@@ -84,13 +93,14 @@ def child_main(
     opened: list[Dispatch] = []
 
     def job_plane() -> Dispatch:
-        """The worker's plane, opened by this job process on first use of dls.data."""
+        """The worker's plane, opened by this job process on first use (dls.data, or a
+        large argument blob its parent left for it to read)."""
         if not opened:
             if target == ":memory:":
                 raise RuntimeError(
                     "dls.data inside a process worker needs a plane the job can reach: "
                     "a plane file or a URL, not ':memory:'"
-                )
+                )  # (argument blobs of a ':memory:' plane come from the parent)
             opened.append(Dispatch(target, token=token))
         return opened[0]
 
@@ -100,7 +110,7 @@ def child_main(
     pipe = _Sent(conn)
     out, err = _Capture(pipe, "stdout"), _Capture(pipe, "stderr")
     sys.stdout, sys.stderr = out, err
-    source = _Blobs(inline_limit)
+    source = _Blobs(inline_limit, job_plane)
     executor = Executor(source)
     inbox: deque[tuple[Any, ...]] = deque()
     skipped: set[str] = set()

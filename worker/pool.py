@@ -137,6 +137,11 @@ class ProcessWorker:
         self._cold = threading.Event()
         self._beat_stop = threading.Event()
         self._blob_cache: dict[str, bytes] = {}
+        #: a job process reads its large argument blob from the plane itself (a URL or a
+        #: plane file it can open), not through this process and its pipe
+        self._job_reads_blobs = dispatch.target.startswith(("http://", "https://")) or (
+            "://" not in dispatch.target and dispatch.target != ":memory:"
+        )
         self._next_flush = 0.0
         #: at most this many claims wait in the buffer (fewer for longer jobs)
         self.prefetch = prefetch
@@ -455,7 +460,7 @@ class ProcessWorker:
             env = decode_payload(claim.payload)
             if fn is not None and fn not in slot.sent:
                 blobs[fn] = self._blob(fn)
-            if env.get("args_ref"):
+            if env.get("args_ref") and not self._job_reads_blobs:
                 blobs[env["args_ref"]] = self._blob(env["args_ref"])
         except LakeshoreError as exc:
             # nothing to run: fail it here, with the reason, and keep the slot free
