@@ -166,9 +166,10 @@ def encode_pickle_call(
         "py": PY_VERSION,
         "proto": PICKLE_PROTOCOL,
     }
-    inline = pack({**envelope, "args": pickled_args})
-    if len(inline) <= inline_limit:
-        return EncodedCall(inline, blobs, {})
+    if len(pickled_args) <= inline_limit:  # (else it cannot fit: no copy to find out)
+        inline = pack({**envelope, "args": pickled_args})
+        if len(inline) <= inline_limit:
+            return EncodedCall(inline, blobs, {})
     args_digest = digest(pickled_args)
     blobs[args_digest] = pickled_args
     envelope["args_ref"] = args_digest
