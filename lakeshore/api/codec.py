@@ -19,7 +19,22 @@ import msgpack
 
 from ..errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
-__all__ = ["MSGPACK", "JSON", "as_bytes", "decode_body", "encode_body", "fields", "pick_type"]
+__all__ = [
+    "JSON",
+    "MSGPACK",
+    "NUM",
+    "OPT_NUM",
+    "as_bytes",
+    "decode_body",
+    "encode_body",
+    "error_view",
+    "fields",
+    "pick_type",
+]
+
+#: a number field (bool excluded by the check), and one that may be null
+NUM = (int, float)
+OPT_NUM = (int, float, type(None))
 
 MSGPACK = "application/msgpack"
 JSON = "application/json"
@@ -159,3 +174,11 @@ def fields(
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidRequest(f"{where}.{name} must be a finite number")
     return dict(body)
+
+
+def error_view(exc: Exception) -> dict[str, str]:
+    """An item's refusal as a batch answer carries it: its code and one-line reason."""
+    from ..errors import LakeshoreError
+
+    code = exc.code if isinstance(exc, LakeshoreError) else "internal"
+    return {"code": code, "message": str(exc)}

@@ -11,7 +11,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -21,8 +20,8 @@ from ..dashboard import PauseFlags, call_summary, queue_stats
 from ..errors import InvalidRequest, LakeshoreError, NotFound, PayloadTooLarge, QueueNotFound
 from ..metrics import Registry
 from ..plane import Plane
-from ..plane.model import Claim, Invocation, QueueSpec, RetryPolicy, State, Submission
-from ..plane.store import WakeObjects, wake_objects
+from ..plane.model import Invocation, QueueSpec, RetryPolicy, Submission
+from ..plane.store import wake_objects
 from ..submit import IdGroups, new_id
 from ..wire import (
     PICKLE_PROTOCOL,
@@ -35,19 +34,18 @@ from ..wire import (
 )
 from . import auth
 from .auth import Identity, create_token
-from .codec import as_bytes, fields
+from .codec import NUM, OPT_NUM, as_bytes, fields
+from .worker_routes import WorkerRoutes
 
 __all__ = ["Limits", "Service"]
 
 _log = logging.getLogger("dreamlake.lakeshore.api")
 
-_NUM = (int, float)
-_OPT_NUM = (int, float, type(None))
 _QUEUE_FIELDS: dict[str, Any] = {
     "name": str,
     "kind": (str, type(None)),
     "priority_field": (str, type(None)),
-    "temperature": _OPT_NUM,
+    "temperature": OPT_NUM,
     "anneal": (dict, type(None)),
     "elasticity": (dict, type(None)),
     "retry": (dict, type(None)),
@@ -61,9 +59,9 @@ _SUBMISSION: dict[str, Any] = {
     "args": (list, type(None)),
     "kwargs": (dict, type(None)),
     "exec": (dict, type(None)),
-    "priority": _OPT_NUM,
-    "delay": _OPT_NUM,
-    "timeout": _OPT_NUM,
+    "priority": OPT_NUM,
+    "delay": OPT_NUM,
+    "timeout": OPT_NUM,
     "max_attempts": (int, type(None)),
     "retry": (dict, type(None)),
 }
@@ -71,11 +69,6 @@ _SUBMISSION: dict[str, Any] = {
 _MAX_DELAY = 366 * 86400.0
 #: a daemon not heard from for this long no longer counts as a live worker
 _DAEMON_STALE = 300.0
-#: how often a claim on paused queues only looks again whether one was resumed
-_PAUSE_RECHECK = 1.0
-#: seconds a claim's wake URLs stay valid (past the fallback, so a worker that follows
-#: the answer never holds an expired one; a 403 still just means "claim")
-_WAKE_URL_TTL = 3600
 
 
 @dataclass(frozen=True)
@@ -98,28 +91,10 @@ class Limits:
 def _retry(value: Any) -> RetryPolicy | None:
     if value is None:
         return None
-    body = fields(value, {"max": int, "backoff": _NUM, "max_backoff": _NUM}, where="retry")
+    body = fields(value, {"max": int, "backoff": NUM, "max_backoff": NUM}, where="retry")
     if body.get("max", 0) < 0:
         raise InvalidRequest("retry.max must be >= 0")
     return RetryPolicy(**body)
-
-
-def _error(exc: Exception) -> dict[str, str]:
-    code = exc.code if isinstance(exc, LakeshoreError) else "internal"
-    return {"code": code, "message": str(exc)}
-
-
-def _claim_view(c: Claim) -> dict[str, Any]:
-    """A claim as the API answers it (dataclasses.asdict, without its deep copies)."""
-    return {
-        "id": c.id,
-        "queue": c.queue,
-        "payload": c.payload,
-        "lease_token": c.lease_token,
-        "lease_expires_at": c.lease_expires_at,
-        "attempt": c.attempt,
-        "timeout": c.timeout,
-    }
 
 
 def _spec_view(spec: QueueSpec) -> dict[str, Any]:
@@ -156,8 +131,9 @@ def invocation_view(rec: Invocation, now: float, *, result: bool = True) -> dict
     return view
 
 
-class Service:
-    """The API over one plane. Thread-safe (the plane is)."""
+class Service(WorkerRoutes):
+    """The API over one plane. Thread-safe (the plane is). The worker routes are in
+    :mod:`.worker_routes`."""
 
     def __init__(
         self,
@@ -289,7 +265,7 @@ class Service:
 
     def prune_queues(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require()
-        body = fields(body, {"older_than": _NUM}, required=("older_than",))
+        body = fields(body, {"older_than": NUM}, required=("older_than",))
         return {"removed": self.plane.prune_queues(float(body["older_than"]))}
 
     # ------------------------------------------------------------------ invocations
@@ -373,7 +349,7 @@ class Service:
             stored = self.plane.store.get_queue(body["queue"])
             if stored is not None and stored.kind in ("priority", "boltzmann"):
                 priority = kwargs.get(stored.priority_field)
-            if not isinstance(priority, _NUM) or isinstance(priority, bool):
+            if not isinstance(priority, NUM) or isinstance(priority, bool):
                 priority = 0.0
         inv_id = body.get("id") or (new_id() if groups is None else groups.next_id(body["queue"]))
         return Submission(
@@ -420,7 +396,7 @@ class Service:
 
     def wait(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require("producer")
-        body = fields(body, {"ids": list, "timeout": _NUM, "since": _NUM}, required=("ids",))
+        body = fields(body, {"ids": list, "timeout": NUM, "since": NUM}, required=("ids",))
         ids = body["ids"]
         if (
             not ids
@@ -449,7 +425,7 @@ class Service:
         self, ident: Identity, inv_id: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         self._readable(ident, inv_id)
-        body = fields(body, {"priority": _NUM}, required=("priority",))
+        body = fields(body, {"priority": NUM}, required=("priority",))
         rec = self.plane.set_priority(inv_id, float(body["priority"]))
         return {"invocation": invocation_view(rec, self.plane.now())}
 
@@ -475,283 +451,6 @@ class Service:
             "next": entries[-1].seq if entries else after,
             "state": rec.public_state(self.plane.now()).value,
         }
-
-    # ------------------------------------------------------------------ workers
-    def claim(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        ident.require("worker")
-        schema: dict[str, Any] = {
-            "queues": list,
-            "worker": str,
-            "limit": int,
-            "wait": _NUM,
-            "lease_seconds": _OPT_NUM,
-        }
-        body = fields(body, schema, required=("queues", "worker"))
-        queues = body["queues"]
-        if not queues or not all(isinstance(q, str) for q in queues):
-            raise InvalidRequest("queues must be a non-empty list of names")
-        for name in queues:
-            ident.check_queue(name)
-        limit = body.get("limit", 1)
-        if not 1 <= limit <= self.limits.max_batch:
-            raise InvalidRequest(f"limit must be 1 to {self.limits.max_batch}")
-        lease = body.get("lease_seconds")
-        if lease is not None and not 1 <= lease <= 3600:
-            raise InvalidRequest("lease_seconds must be 1 to 3600")
-        wakes = wake_objects(self.plane.store)
-        wait = min(max(0.0, float(body.get("wait", 0.0))), self.limits.max_wait)
-        if wakes is not None:
-            wait = 0.0  # nothing waits inside the function: an empty answer says what to watch
-        deadline = time.monotonic() + wait
-        while True:
-            open_queues = [q for q in queues if q not in self.pauses.paused(queues)]
-            if open_queues:
-                break
-            left = deadline - time.monotonic()
-            if left <= 0:  # every queue named is paused: nothing to hand out
-                if wakes is not None:
-                    return self._idle_answer(wakes, queues, [], body["worker"], limit, lease)
-                return {"claims": []}
-            threading.Event().wait(min(left, _PAUSE_RECHECK))
-        left = max(0.0, deadline - time.monotonic())
-        claims = self.plane.claim(
-            open_queues, body["worker"], limit=limit, wait=left, lease_seconds=lease
-        )
-        if not claims and wakes is not None:
-            return self._idle_answer(wakes, queues, open_queues, body["worker"], limit, lease)
-        return self._claimed(claims, body["worker"])
-
-    def _claimed(self, claims: list[Any], worker: str) -> dict[str, Any]:
-        if claims:
-            # A queue paused while this claim waited hands its claims straight back.
-            paused_now = self.pauses.paused({c.queue for c in claims})
-            for c in [c for c in claims if c.queue in paused_now]:
-                self.plane.release(c.id, c.lease_token)
-            claims = [c for c in claims if c.queue not in paused_now]
-        for c in claims:
-            self.metrics.claimed(c.queue)
-            logs.event(
-                _log,
-                "invocation.claimed",
-                c.id,
-                queue=c.queue,
-                worker=worker,
-                attempt=c.attempt,
-            )
-        return {"claims": [_claim_view(c) for c in claims]}
-
-    def _idle_answer(
-        self,
-        wakes: WakeObjects,
-        queues: list[str],
-        open_queues: list[str],
-        worker: str,
-        limit: int,
-        lease: float | None,
-    ) -> dict[str, Any]:
-        """An empty claim on a plane with wake objects: mark the queues idle, look for
-        work once more (a submit that read the queue before the mark was set wakes no
-        one, but its work is pending by now), else tell the worker what to watch.
-
-        ``wake``: ``urls`` and ``etags`` per queue (GET with ``If-None-Match``; any
-        other answer than 304 means claim), ``interval`` between GETs, ``fallback``
-        seconds after which to claim anyway, and ``due_in`` when a scheduled invocation
-        of these queues comes due sooner (claim then).
-        """
-        now = self.plane.now()
-        marked = {q: wakes.mark_idle(q, now) for q in dict.fromkeys(queues)}
-        etags = {q: etag or "" for q, etag in marked.items()}
-        if open_queues:
-            claims = self.plane.claim(open_queues, worker, limit=limit, lease_seconds=lease)
-            if claims:
-                return self._claimed(claims, worker)
-        wake: dict[str, Any] = {
-            "urls": {q: wakes.wake_url(q, _WAKE_URL_TTL) for q in etags},
-            "etags": etags,
-            "interval": self.limits.wake_interval,
-            "fallback": self.limits.wake_fallback,
-        }
-        if None in marked.values():
-            # a queue that does not exist has no mark: a queue made by PATCH/POST
-            # /v1/queues wakes no one, so look again soon (a submit that creates one
-            # rewrites its object)
-            wake["fallback"] = min(self.limits.wake_fallback, 4 * self.limits.wake_interval)
-        due = [t for q in open_queues if (t := self.plane.store.next_available_at(q)) is not None]
-        if due:
-            wake["due_in"] = max(0.0, min(due) - now)
-        return {"claims": [], "wake": wake}
-
-    def _batch(
-        self, body: dict[str, Any], key: str, schema: dict[str, Any], required: tuple[str, ...]
-    ) -> list[dict[str, Any]]:
-        items = body.get(key)
-        if not isinstance(items, list) or not 1 <= len(items) <= self.limits.max_batch:
-            raise InvalidRequest(f"{key} must hold 1 to {self.limits.max_batch} items")
-        out = []
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise InvalidRequest(f"{key}[{i}] must be a map")
-            out.append(fields(item, schema, required=required, where=f"{key}[{i}]"))
-        return out
-
-    def _leased_in_scope(self, ident: Identity, ids: list[str]) -> dict[str, Invocation]:
-        """The records of ``ids``, by id. A worker answers only for invocations of queues
-        in its scopes (a lease token alone is not enough: it could have leaked)."""
-        recs = {rec.id: rec for rec in self.plane.get_many(ids)}
-        if ident.role != "admin":
-            for rec in recs.values():
-                ident.check_queue(rec.queue)
-        return recs
-
-    def _finished(self, rec: Invocation | None, outcome: str, **fields: Any) -> None:
-        """Count and log the end of an attempt of ``rec`` (as it was while running)."""
-        if rec is None:
-            return
-        now = self.plane.now()
-        started = rec.started_at
-        queue_time = None if started is None else started - rec.available_at
-        run_time = None if started is None else now - started
-        self.metrics.finished(rec.queue, outcome, queue_time, run_time)
-        logs.event(
-            _log,
-            f"invocation.{outcome}",
-            rec.id,
-            queue=rec.queue,
-            worker=rec.worker,
-            attempt=rec.attempt,
-            run_time=run_time,
-            **fields,
-        )
-
-    def heartbeat(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        ident.require("worker")
-        body = fields(body, {"leases": list, "lease_seconds": _OPT_NUM}, required=("leases",))
-        leases = self._batch(body, "leases", {"id": str, "lease_token": str}, ("id", "lease_token"))
-        recs = self._leased_in_scope(ident, [x["id"] for x in leases])
-        for rec in recs.values():
-            self.metrics.heartbeat(rec.worker or "unknown", "lease")
-        answers = [
-            asdict(
-                self.plane.heartbeat(
-                    x["id"], x["lease_token"], lease_seconds=body.get("lease_seconds")
-                )
-            )
-            for x in leases
-        ]
-        return {"answers": answers}
-
-    def complete(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        ident.require("worker")
-        fields(body, {"results": list}, required=("results",))
-        items = self._batch(
-            body,
-            "results",
-            {"id": str, "lease_token": str, "result": (bytes, str)},
-            ("id", "lease_token", "result"),
-        )
-        if not ident.unscoped:  # (an unscoped token's completions need no read first)
-            self._leased_in_scope(ident, [x["id"] for x in items])
-        results = [as_bytes(x["result"], "result") for x in items]
-        if any(len(result) > self.limits.inline_payload for result in results):
-            raise InvalidRequest("result is over the inline limit: send it as a blob")
-        outcomes = self.plane.complete_records(
-            [(x["id"], x["lease_token"], result) for x, result in zip(items, results, strict=True)]
-        )
-        answers = []
-        for x, outcome in zip(items, outcomes, strict=True):
-            if isinstance(outcome, Exception):  # LeaseLost and the like answer per item
-                answers.append({"id": x["id"], "ok": False, "error": _error(outcome)})
-                logs.event(_log, "answer.refused", x["id"], code=_error(outcome)["code"])
-            else:  # (started_at, worker, attempt: as they were while it ran)
-                answers.append({"id": x["id"], "ok": True, "error": None})
-                self._finished(outcome, "succeeded")
-        return {"answers": answers}
-
-    def fail(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        ident.require("worker")
-        fields(body, {"failures": list}, required=("failures",))
-        schema = {"id": str, "lease_token": str, "error": dict, "retryable": bool}
-        items = self._batch(body, "failures", schema, ("id", "lease_token", "error"))
-        recs = self._leased_in_scope(ident, [x["id"] for x in items])
-        errors = [
-            fields(
-                x["error"],
-                {"type": str, "message": str, "traceback": str, "pickled": (bytes, type(None))},
-                where="error",
-            )
-            for x in items
-        ]
-        states = self.plane.fail_states(
-            [
-                (x["id"], x["lease_token"], error, x.get("retryable", True))
-                for x, error in zip(items, errors, strict=True)
-            ]
-        )
-        answers = []
-        for x, error, state in zip(items, errors, states, strict=True):
-            if isinstance(state, Exception):
-                answers.append({"id": x["id"], "ok": False, "state": None, "error": _error(state)})
-                logs.event(_log, "answer.refused", x["id"], code=_error(state)["code"])
-                continue
-            answers.append({"id": x["id"], "ok": True, "state": state.value, "error": None})
-            outcome = "failed" if state is State.FAILED else "retried"
-            self._finished(recs.get(x["id"]), outcome, error_type=error.get("type"))
-        return {"answers": answers}
-
-    def release(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        ident.require("worker")
-        fields(body, {"leases": list}, required=("leases",))
-        items = self._batch(body, "leases", {"id": str, "lease_token": str}, ("id", "lease_token"))
-        self._leased_in_scope(ident, [x["id"] for x in items])
-        answers = []
-        for x in items:
-            try:
-                self.plane.release(x["id"], x["lease_token"])
-                answers.append({"id": x["id"], "ok": True, "error": None})
-            except LakeshoreError as exc:
-                answers.append({"id": x["id"], "ok": False, "error": _error(exc)})
-        return {"answers": answers}
-
-    def append_logs(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        ident.require("worker")
-        body = fields(
-            body,
-            {"id": str, "lease_token": str, "chunks": list},
-            required=("id", "lease_token", "chunks"),
-        )
-        chunks = body["chunks"]
-        if not 1 <= len(chunks) <= self.limits.max_batch:
-            raise InvalidRequest(f"chunks must hold 1 to {self.limits.max_batch} items")
-        parsed = []
-        for i, c in enumerate(chunks):
-            ok = (
-                isinstance(c, list)
-                and len(c) == 3
-                and isinstance(c[0], int)
-                and isinstance(c[1], str)
-                and isinstance(c[2], str)
-            )
-            if not ok:
-                raise InvalidRequest(f"chunks[{i}] must be [n, stream, text]")
-            parsed.append((c[0], c[1], c[2]))
-        self._leased_in_scope(ident, [body["id"]])
-        self.plane.append_logs(body["id"], body["lease_token"], parsed)
-        return {"ok": True}
-
-    def report_progress(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
-        ident.require("worker")
-        schema: dict[str, Any] = {
-            "id": str,
-            "lease_token": str,
-            "fraction": _NUM,
-            "message": (str, type(None)),
-        }
-        body = fields(body, schema, required=("id", "lease_token", "fraction"))
-        self._leased_in_scope(ident, [body["id"]])
-        self.plane.report_progress(
-            body["id"], body["lease_token"], float(body["fraction"]), body.get("message")
-        )
-        return {"ok": True}
 
     # ------------------------------------------------------------------ blobs
     def sign(self, method: str, digest: str, expires: int) -> str:
