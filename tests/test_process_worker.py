@@ -248,3 +248,31 @@ def test_short_jobs_queued_behind_a_running_one_run_in_order_and_a_cancelled_one
         # cancelled job run, it would have run before this one
         assert q.result(q.submit(square, 7), timeout=30) == 49
         assert not Path(marks[shorts.index(victim)]).exists()
+
+
+def test_a_sigterm_while_a_daemon_registers_stops_it_cleanly(
+    dp: dls.Dispatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    from dreamlake.lakeshore.worker.daemon import Daemon
+
+    # Given a daemon run in this (the main) thread, sent SIGTERM while it registers,
+    # before the worker's own handlers are in place
+    before = signal.getsignal(signal.SIGTERM)
+    transport = dp.transport
+    register = transport.register_daemon
+
+    def register_then_signalled(*args: Any, **kwargs: Any) -> Any:
+        rec = register(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return rec
+
+    monkeypatch.setattr(transport, "register_daemon", register_then_signalled)
+    daemon = Daemon(dp, "early", concurrency=1, heartbeat_every=0.2, state_dir=tmp_path)
+    # When it runs, then it stops at once, having run nothing, instead of the process
+    # dying of the signal
+    assert daemon.run() == 0
+    assert daemon.worker is not None and daemon.worker._stopping.is_set()
+    # And the handlers in place before are back
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -12,10 +12,12 @@ at once — new queues, another concurrency, or a drain (finish in-flight work, 
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .. import config
 from ..dispatch import Dispatch
@@ -77,20 +79,28 @@ class Daemon:
     def run(self) -> int:
         """Register (unless done already), serve until drained or signalled; return
         jobs reported."""
-        rec = self.record or self.register()
-        self.worker = ProcessWorker(
-            self.dispatch,
-            rec.queues,
-            concurrency=rec.concurrency,
-            imports=self._imports,
-            lease_seconds=self._lease_seconds,
-            worker_id=f"{rec.id}@{rec.host}",
-        )
+        early = _EarlyStop()  # a SIGTERM while registering stops the worker cleanly
+        try:
+            rec = self.record or self.register()
+            self.worker = ProcessWorker(
+                self.dispatch,
+                rec.queues,
+                concurrency=rec.concurrency,
+                imports=self._imports,
+                lease_seconds=self._lease_seconds,
+                worker_id=f"{rec.id}@{rec.host}",
+            )
+        except BaseException:
+            early.restore()
+            raise
+        if early.requested:
+            self.worker.request_stop()
         beat = threading.Thread(target=self._beat, name="lakeshore-daemon", daemon=True)
         beat.start()
         try:
             return self.worker.run()
         finally:
+            early.restore()
             self._stop.set()
             beat.join(timeout=10)
 
@@ -113,3 +123,25 @@ class Daemon:
             if rec.draining:
                 worker.request_stop()
                 return
+
+
+class _EarlyStop:
+    """SIGINT/SIGTERM before the worker's own handlers are in place (while the daemon
+    registers): noted, so the worker starts stopped and exits 0, instead of the process
+    dying of the signal's default action. Main thread only, as signal handlers are.
+    The worker's handlers replace these when it runs."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._previous[s] = signal.signal(s, self._note)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        """Put back the handlers there were before (once the worker has stopped)."""
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
