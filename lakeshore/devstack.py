@@ -198,6 +198,7 @@ class Sweeper:
         #: sweeps made so far, and invocations they handed on or ended
         self.rounds = 0
         self.handled = 0
+        self._ended = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lakeshore-sweeper", daemon=True)
 
@@ -210,13 +211,23 @@ class Sweeper:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def wait_until(self, done: Callable[[Sweeper], bool], timeout: float) -> bool:
+        """Block until ``done(self)`` holds after a round has ended (or now); False
+        after ``timeout`` seconds."""
+        with self._ended:
+            return self._ended.wait_for(lambda: done(self), timeout)
+
     def _run(self) -> None:
         while not self._stop.wait(self.every):
+            handled = 0
             try:
-                self.handled += self.plane.sweep()
+                handled = self.plane.sweep()
             except Exception:
                 log.exception("sweep failed (the next one runs in %gs)", self.every)
-            self.rounds += 1
+            with self._ended:
+                self.handled += handled
+                self.rounds += 1
+                self._ended.notify_all()
 
 
 # --- the stack -------------------------------------------------------------------------------

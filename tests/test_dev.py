@@ -238,19 +238,17 @@ def test_the_sweeper_hands_an_abandoned_lease_on_without_any_claim(
     with dls.Dispatch(plane.url, token=plane.worker) as dp:
         (claim,) = dp.transport.claim(["abandoned"], "ghost", lease_seconds=1)
     assert claim.id == inv
-    rounds = stack.sweeper.rounds if stack.sweeper else 0
-    # When nobody claims (claims sweep too), only the scheduled sweeper runs
-    deadline = time.monotonic() + 15
-    with dls.Dispatch(plane.url, token=plane.producer) as producer:
-        while producer.transport.get(inv).state is not State.PENDING:
-            assert time.monotonic() < deadline, "the sweeper never returned the job"
-            time.sleep(0.1)
-    # Then the job is pending again, its attempt kept for the next claim, and the sweeper
-    # counts it (once its round, which goes on to purge, has ended)
     assert stack.sweeper is not None
-    while not (stack.sweeper.rounds > rounds and stack.sweeper.handled >= 1):
-        assert time.monotonic() < deadline, "the sweeper never counted the job it returned"
-        time.sleep(0.05)
+    rounds = stack.sweeper.rounds
+    # When nobody claims (claims sweep too), only the scheduled sweeper runs: a round
+    # after the lease expired hands the job on (and counts it once the round, which goes
+    # on to purge, has ended)
+    assert stack.sweeper.wait_until(lambda s: s.rounds > rounds and s.handled >= 1, 15), (
+        "the sweeper never returned the job"
+    )
+    # Then the job is pending again, its attempt kept for the next claim
+    with dls.Dispatch(plane.url, token=plane.producer) as producer:
+        assert producer.transport.get(inv).state is State.PENDING
 
 
 # --- the command ---------------------------------------------------------------------------

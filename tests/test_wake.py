@@ -15,13 +15,14 @@ import http.server
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 import yaml
+from openapi_schema_validator import OAS31Validator
 
 from dreamlake.lakeshore.api import Service, bootstrap_admin
 from dreamlake.lakeshore.api.auth import Identity
@@ -36,11 +37,6 @@ from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.stores import keys as K
 from dreamlake.lakeshore.submit import new_id
 from dreamlake.lakeshore.wire import encode_ref_call
-
-pytest.importorskip("boto3")
-pytest.importorskip("moto")
-
-from openapi_schema_validator import OAS31Validator
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -147,6 +143,29 @@ def job(queue: str, **options: Any) -> Submission:
     return Submission(new_id(), queue, encode_ref_call("math:sqrt", (4.0,), {}).payload, **options)
 
 
+def count_looks(t: HttpTransport) -> Callable[[int], bool]:
+    """Count the worker's conditional GETs of its wake objects; the answer waits until
+    it has made ``n`` (False after 10 s)."""
+    cond = threading.Condition()
+    looks = [0]
+    status = t._wake_status
+
+    def counted(url: str, etag: str) -> int:
+        answer = status(url, etag)
+        with cond:
+            looks[0] += 1
+            cond.notify_all()
+        return answer
+
+    t._wake_status = counted  # type: ignore[method-assign]
+
+    def wait_for(n: int) -> bool:
+        with cond:
+            return cond.wait_for(lambda: looks[0] >= n, timeout=10)
+
+    return wait_for
+
+
 def claim_in_thread(
     t: HttpTransport, queue: str, wait: float
 ) -> tuple[threading.Thread, list[Any]]:
@@ -213,8 +232,9 @@ def test_an_idle_worker_picks_a_submitted_job_within_the_interval(stack: Stack) 
     assert worker.claim(["idle"], "w", wait=0.0) == []  # idle: the watch starts
     claims_before = stack.claims()
     gets_before = stack.s3_calls["GetObject wake/"]  # the store's own reads: none
+    looked = count_looks(worker)
     thread, got = claim_in_thread(worker, "idle", wait=FALLBACK - 0.2)
-    time.sleep(3 * INTERVAL + 0.1)
+    assert looked(3)  # three looks at its object, an interval apart
     assert stack.claims() == claims_before  # watching S3, not asking the API
     submitted = time.monotonic()
     producer.submit([job("idle")])
@@ -348,8 +368,9 @@ def test_a_worker_watching_before_its_queue_exists_is_woken_by_the_creating_subm
     assert worker.claim(["fresh"], "w", wait=0.0) == []  # no such queue: nothing marked
     watch = worker._wakes[("fresh",)]
     assert watch.claim_at - time.monotonic() <= 4 * INTERVAL  # looks again soon
+    looked = count_looks(worker)
     thread, got = claim_in_thread(worker, "fresh", wait=FALLBACK)
-    time.sleep(INTERVAL / 2)
+    assert looked(1)  # it is watching
     submitted = time.monotonic()
     producer.submit([job("fresh")])  # creates the queue, and rewrites its object
     thread.join(5)
