@@ -471,15 +471,13 @@ class Meter:
         return sizes
 
     # --- storage ---------------------------------------------------------------------
-    def stored_bytes(self, inv_ids: Sequence[str], resources: Any) -> tuple[int, int]:
-        """Bytes the invocations hold now: their items and index entries (DynamoDB), and
-        their objects under ``inv/`` (S3)."""
-        ddb = sum(size for size, _ in self.stored_items(inv_ids, resources))
-        s3_bytes = 0
+    def s3_bytes(self, inv_ids: Sequence[str], resources: Any) -> int:
+        """Bytes the invocations hold as objects under ``inv/`` (S3)."""
+        total = 0
         for inv_id in inv_ids:
             out = self.peek_s3.list_objects_v2(Bucket=resources.bucket, Prefix=f"inv/{inv_id}/")
-            s3_bytes += sum(int(o["Size"]) for o in out.get("Contents", []))
-        return ddb, s3_bytes
+            total += sum(int(o["Size"]) for o in out.get("Contents", []))
+        return total
 
     def stored_items(self, inv_ids: Sequence[str], resources: Any) -> list[tuple[int, float]]:
         """(bytes with index entries, TTL time or inf) of every item holding the
@@ -791,7 +789,7 @@ def lifecycle(size: int, batch: int, jobs: int) -> Run:
             size * ((min(ttl, horizon) - now) / 86400 + TTL_LAG_DAYS)
             for size, ttl in stack.meter.stored_items(ids, stack.resources)
         )
-        _, s3_full = stack.meter.stored_bytes(ids, stack.resources)
+        s3_full = stack.meter.s3_bytes(ids, stack.resources)
         blob_bytes = stack.meter.blob_bytes(stack.resources) - blobs_before
         purged = Figures()
         with _into(stack.meter, purged):

@@ -53,14 +53,13 @@ from .plane import FINISHED, Invocation, Plane, State
 from .plane.ids import group_of
 from .stores import keys as K
 from .stores.dynamo_groups import (
-    GROUP_PREFIX,
     Group,
     group_key,
     is_part,
     parse_group,
+    record,
     unpack_parts,
 )
-from .stores.dynamo_items import unpack
 
 if TYPE_CHECKING:
     from .stores.dynamo import DynamoStore
@@ -271,9 +270,9 @@ class _Watch:
         for fut in self.waiters.pop(inv_id, []):
             if fut.done():
                 continue
-            if exc is not None or found is None:
-                fut.set_exception(exc or UnknownInvocation(inv_id))
-            else:
+            if exc is not None:
+                fut.set_exception(exc)
+            elif found is not None:
                 fut.set_result(found)
 
 
@@ -356,7 +355,7 @@ class AsyncDynamoProbe:
                 watch.remove(inv_id, fut)
                 if fut.done() and not fut.cancelled():
                     fut.exception()  # retrieved: gather raised only the first
-        return [await self._shown(found) for found in items]
+        return await self._shown(items)
 
     async def get(self, inv_id: str) -> Invocation:
         """The record now (any state, without its payload)."""
@@ -369,15 +368,30 @@ class AsyncDynamoProbe:
         g = parse_group(out["Item"]) if "Item" in out else None
         if g is None or inv_id not in g.slots:
             raise UnknownInvocation(f"no invocation {inv_id!r} on this plane")
-        return await self._shown((g, inv_id))
+        return (await self._shown([(g, inv_id)]))[0]
 
-    async def _shown(self, found: tuple[Group, str]) -> Invocation:
-        """The record as the plane shows it: past its tombstone it is unknown (the
-        table's TTL may not have deleted it yet), past expiry without its result."""
-        rec = self._plane().visible(await self._record(*found))
-        if rec is None:
-            raise UnknownInvocation(f"no invocation {found[1]!r} on this plane")
-        return rec
+    async def _shown(self, found: Sequence[_Found]) -> list[Invocation]:
+        """The records as the plane shows them: past its tombstone one is unknown (the
+        table's TTL may not have deleted it yet), past expiry without its result. Each
+        result item (or S3 object) is read once for all the records it holds."""
+        parts: dict[str, Any] = {}
+        for g, sid in found:
+            slot = g.slots[sid]
+            for key in (slot.result_at, slot.error_at):
+                if key is not None and key not in parts:
+                    parts[key] = await self._read_key(key)
+
+        def fetch(key: str, sid: str) -> bytes | None:
+            got = parts.get(key)  # a result item's parts, an object's bytes, or None
+            return got.get(sid) if isinstance(got, dict) else got
+
+        shown = []
+        for g, sid in found:
+            rec = self._plane().visible(record(g, sid, fetch))
+            if rec is None:
+                raise UnknownInvocation(f"no invocation {sid!r} on this plane")
+            shown.append(rec)
+        return shown
 
     async def get_blob(self, digest: str) -> bytes:
         """A content-addressed blob's bytes (:class:`NotFound` when absent)."""
@@ -420,7 +434,7 @@ class AsyncDynamoProbe:
                     names = list(dict.fromkeys(group_of(i) for i in ids))
                     groups: dict[str, Group] = {}
                     for start in range(0, len(names), _BATCH_GET):
-                        keys = [GROUP_PREFIX + n for n in names[start : start + _BATCH_GET]]
+                        keys = [group_key(n) for n in names[start : start + _BATCH_GET]]
                         found = await _batch_get(ddb, table, keys)
                         groups.update((g.name, g) for g in map(parse_group, found.values()))
                     for inv_id in ids:
@@ -438,26 +452,15 @@ class AsyncDynamoProbe:
             for inv_id in list(watch.waiters):
                 watch.settle(inv_id, exc=exc)
 
-    async def _record(self, g: Group, sid: str) -> Invocation:
-        """A slot's record without its payload, its result and an offloaded error read
-        first (from a result item or S3)."""
-        slot = g.slots[sid]
-        values = {**slot.values, "id": sid, "queue": g.queue, "payload": None, "result": None}
-        if slot.result_at is not None:
-            values["result"] = await self._read_part(slot.result_at, sid)
-        if slot.error_at is not None:
-            raw = await self._read_part(slot.error_at, sid)
-            values["error"] = None if raw is None else unpack(raw)
-        return Invocation(**values)
-
-    async def _read_part(self, key: str, sid: str) -> bytes | None:
+    async def _read_key(self, key: str) -> dict[str, bytes] | bytes | None:
+        """A result item's parts (by id), or an S3 object's bytes."""
         if not is_part(key):
             return await self._get_object(key)
         async with self._client("dynamodb") as ddb:
             out = await ddb.get_item(
                 TableName=self.resources.invocations, Key={"id": {"S": key}}, ConsistentRead=True
             )
-        return unpack_parts(out["Item"]).get(sid) if "Item" in out else None
+        return unpack_parts(out["Item"]) if "Item" in out else None
 
     async def _get_object(self, key: str) -> bytes | None:
         async with self._client("s3") as s3:

@@ -201,6 +201,8 @@ def _decode_value(name: str, value: Any) -> Any:
         return RetryPolicy(**value)
     if name == "request_digest" and isinstance(value, bytes):
         return value.hex()
+    if name == "error":
+        return value  # (msgpack made it: no copy needed)
     return normal(name, value)
 
 

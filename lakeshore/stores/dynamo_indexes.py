@@ -138,10 +138,12 @@ class DynamoIndexes(DynamoInvocations):
             groups = self._groups(page)
             for name in page:
                 g = groups.get(name)
-                for sid in sorted(g.slots) if g is not None else ():
+                if g is None:
+                    continue
+                for sid in sorted(g.slots):
                     if after is not None and sid <= after:
                         continue
-                    rec = self._record(g, sid)  # type: ignore[arg-type]
+                    rec = self._record(g, sid)
                     if state is None or rec.public_state(now).value == state:
                         found.append(rec)
             if len(found) >= limit:
@@ -288,7 +290,7 @@ class DynamoIndexes(DynamoInvocations):
                 keys |= set(g.p_until)
             self._delete_items(self._invocations, [{"id": {"S": k}} for k in sorted(keys)])
             self._delete_objects(k for g in groups for s in g.slots.values() for k in s.objects())
-            self._delete_logs(sid for g in groups for sid in g.slots)
+            self._delete_logs(sid for g in groups for sid, s in g.slots.items() if s.logged)
             gone += sum(len(g.slots) for g in groups)
         return gone
 

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError  # type: ignore[import-untyped]
@@ -78,7 +79,6 @@ class DynamoInvocations(DynamoExtras):
         self._logged: set[str] = set()
         self._parts: OrderedDict[str, dict[str, bytes]] = OrderedDict()
         self._parts_lock = threading.Lock()
-        self._part_ttls: dict[str, int] = {}
 
     # --- reads ------------------------------------------------------------------------
     def get(self, inv_id: str) -> Invocation | None:
@@ -133,11 +133,14 @@ class DynamoInvocations(DynamoExtras):
         if "Item" not in out:
             return None
         parts = unpack_parts(out["Item"])
+        self._keep_part(key, parts)
+        return parts
+
+    def _keep_part(self, key: str, parts: dict[str, bytes]) -> None:
         with self._parts_lock:
             self._parts[key] = parts
             while len(self._parts) > _PART_CACHE:
                 self._parts.popitem(last=False)
-        return parts
 
     # --- writes -----------------------------------------------------------------------
     def _write(self, g: Group, delta: int = 0, running_below: int | None = None) -> Group | None:
@@ -215,17 +218,8 @@ class DynamoInvocations(DynamoExtras):
         item = part_item(prefix, group, parts, ttl)
         self._ddb.put_item(TableName=self._invocations, Item=item)
         key: str = item["id"]["S"]
-        with self._parts_lock:
-            self._parts[key] = dict(parts)
-            if len(self._part_ttls) >= _PART_CACHE:
-                self._part_ttls.clear()
-            self._part_ttls[key] = ttl
+        self._keep_part(key, dict(parts))
         return key
-
-    def _part_ttl(self, key: str) -> int:
-        """The TTL this handle gave a payload item it just wrote."""
-        with self._parts_lock:
-            return self._part_ttls.get(key, 0)
 
     def _stored(
         self,
@@ -263,11 +257,13 @@ class DynamoInvocations(DynamoExtras):
             if inv.queue != queue:
                 raise InvalidRequest(f"ids of one group go to one queue ({inv.id!r})")
             check({n: getattr(inv, n) for n in SLOT_FIELDS})
-        firsts = list({inv.id: inv for inv in reversed(invs)}.values())[::-1]
+        firsts: dict[str, Invocation] = {}
+        for inv in invs:
+            firsts.setdefault(inv.id, inv)  # a repeated id is answered with the first
         bulky = self._store_bulky(
             name,
-            [(inv.id, {}, {f: getattr(inv, f) for f in _BULKY}) for inv in firsts],
-            max(inv.created_at for inv in firsts),
+            [(inv.id, {}, {f: getattr(inv, f) for f in _BULKY}) for inv in firsts.values()],
+            max(inv.created_at for inv in firsts.values()),
         )
         g: Group | None = Group(name, queue)
         for _ in range(TRIES):
@@ -281,14 +277,13 @@ class DynamoInvocations(DynamoExtras):
                     out.append(self._record(g, inv.id))
                     continue
                 slot = Slot({n: normal(n, getattr(inv, n)) for n in SLOT_FIELDS})
-                _apply(slot, {f: getattr(inv, f) for f in _BULKY}, bulky.get(inv.id, {}))
-                if slot.payload_at is not None and is_part(slot.payload_at):
-                    g.p_until[slot.payload_at] = self._part_ttl(slot.payload_at)
+                _apply(slot, {f: getattr(inv, f) for f in _BULKY}, bulky.where.get(inv.id, {}))
+                bulky.note_payload(g, slot)
                 g.slots[inv.id] = slot
                 added = True
                 out.append(None)
             if not added:
-                self._delete_objects(k for b in bulky.values() for k in b.values() if k)
+                self._delete_objects(bulky.objects())
                 return out
             g = self._write(g)
             if g is None:
@@ -322,6 +317,8 @@ class DynamoInvocations(DynamoExtras):
                 raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
             if "id" in changes or "queue" in changes:
                 raise ValueError("an invocation's id and queue never change")
+            if {"payload", "result"} & set(expect):
+                raise ValueError("payload and result cannot be expected (they are not read)")
             check(changes)
         by_group: dict[str, list[int]] = {}
         for n, (inv_id, _, _) in enumerate(updates):
@@ -330,17 +327,17 @@ class DynamoInvocations(DynamoExtras):
             chunks = [(group_of(updates[n][0]), [n]) for n in range(len(updates))]
         else:
             chunks = list(by_group.items())
-        groups = self._groups(by_group)
+        groups: dict[str, Group | None] = dict(self._groups(by_group))
         answers: dict[int, Invocation | None] = {}
         for name, idx in chunks:
+            if name in groups and groups[name] is None:  # changed by this call: read again
+                groups[name] = self._group(name)
             got = self._update_group(
                 groups.get(name), [updates[n] for n in idx], running_below, deadline_after
             )
             answers.update(zip(idx, got, strict=True))
-            if running_below is not None:
-                groups.pop(name, None)  # re-read for the next one (a new revision)
-                fresh = self._groups([name])
-                groups.update(fresh)
+            if name in groups:
+                groups[name] = None  # (each capped update is its own write)
         return [answers[n] for n in range(len(updates))]
 
     def _update_group(
@@ -355,7 +352,6 @@ class DynamoInvocations(DynamoExtras):
         if running_below is not None and running_below <= 0:
             return [None] * len(updates)
         bulky = self._store_bulky(g.name, updates)
-        bulky_parts = {k for b in bulky.values() for k in b.values() if k and is_part(k)}
         for _ in range(TRIES):
             out: list[str | None] = []
             replaced: list[str] = []
@@ -365,9 +361,8 @@ class DynamoInvocations(DynamoExtras):
                 if slot is None or not holds(slot.values, expect, deadline_after):
                     out.append(None)
                     continue
-                replaced += _apply(slot, changes, bulky.get(inv_id, {}))
-                if changes.get("payload") is not None and slot.payload_at in bulky_parts:
-                    g.p_until[slot.payload_at] = self._part_ttl(slot.payload_at)
+                replaced += _apply(slot, changes, bulky.where.get(inv_id, {}))
+                bulky.note_payload(g, slot)
                 if running_below is not None and changes.get("state") == State.RUNNING:
                     if not slot.counted:
                         slot.counted, delta = True, delta + 1
@@ -375,7 +370,7 @@ class DynamoInvocations(DynamoExtras):
                     slot.counted, delta = False, delta - 1
                 out.append(inv_id)
             if not any(out):
-                self._delete_objects(k for b in bulky.values() for k in b.values() if k)
+                self._delete_objects(bulky.objects())
                 return [None] * len(updates)
             self._extend_payloads(g, [sid for sid in out if sid is not None])
             try:
@@ -393,11 +388,12 @@ class DynamoInvocations(DynamoExtras):
         group: str,
         updates: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
         now: float | None = None,
-    ) -> dict[str, dict[str, str | None]]:
+    ) -> _Bulky:
         """Write the payloads, results and large errors the updates set, once, before
-        the group: id → field → where it is (a part or S3 key; None for an inline
-        error). ``now`` is the plane's time (TTLs count from it), if known."""
+        the group (see :class:`_Bulky`). ``now`` is the plane's time (TTLs count from
+        it), if known."""
         where: dict[str, dict[str, str | None]] = {}
+        payload_item: tuple[str, int] | None = None
         parts: dict[str, dict[str, bytes]] = {"payload": {}, "result": {}}
         uploads: dict[str, bytes] = {}
         expiry = 0.0
@@ -418,6 +414,7 @@ class DynamoInvocations(DynamoExtras):
         if parts["payload"]:
             ttl = int(now + PAYLOAD_TTL)
             key = self._put_part("p", group, parts["payload"], ttl)
+            payload_item = (key, ttl)
             for inv_id in parts["payload"]:
                 where[inv_id]["payload"] = key
         if parts["result"]:
@@ -425,7 +422,7 @@ class DynamoInvocations(DynamoExtras):
             key = self._put_part("r", group, parts["result"], ttl)
             for inv_id in parts["result"]:
                 where[inv_id]["result"] = key
-        return where
+        return _Bulky(where, payload_item)
 
     def _extend_payloads(self, g: Group, changed: list[str]) -> None:
         """A job that finished past its payload item's TTL keeps its payload to its
@@ -472,6 +469,26 @@ class DynamoInvocations(DynamoExtras):
         if len(self._logged) >= _LOGGED_MEMORY:
             self._logged.clear()
         self._logged.add(inv_id)
+
+
+@dataclass(frozen=True)
+class _Bulky:
+    """Where the payloads, results and errors of a write went: ``where`` is id → field →
+    key (a payload or result item, or S3; None for an error kept inline), and
+    ``payload_item`` the payload item written with its TTL, if one was."""
+
+    where: dict[str, dict[str, str | None]]
+    payload_item: tuple[str, int] | None
+
+    def note_payload(self, g: Group, slot: Slot) -> None:
+        """A slot that took its payload from the payload item: the group keeps the
+        item's TTL (to extend it while the slot needs it)."""
+        if self.payload_item is not None and slot.payload_at == self.payload_item[0]:
+            g.p_until[self.payload_item[0]] = self.payload_item[1]
+
+    def objects(self) -> list[str]:
+        """The S3 objects it uploaded (to delete when nothing took them)."""
+        return [k for b in self.where.values() for k in b.values() if k and not is_part(k)]
 
 
 def _apply(slot: Slot, changes: Mapping[str, Any], where: Mapping[str, str | None]) -> list[str]:

@@ -112,9 +112,8 @@ CREATE TABLE IF NOT EXISTS blobs (
 
 #: the next number of the finish sequence, inside the write that takes it (writes are
 #: serialised, so numbers follow commit order across threads and processes)
-_NEXT_FINISH = (
-    "(SELECT coalesce(max(finish_seq), 0) + 1 FROM invocations WHERE finish_seq IS NOT NULL)"
-)
+_LAST_FINISH = "SELECT coalesce(max(finish_seq), 0) FROM invocations WHERE finish_seq IS NOT NULL"
+_NEXT_FINISH = f"(({_LAST_FINISH}) + 1)"
 
 #: a blob's digest as put_blob receives it (the plane checks it against the bytes)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -393,9 +392,7 @@ class SqliteStore:
         """The finish sequence now: :meth:`finished_since` this number answers exactly
         what finishes after this call (writes take numbers in commit order)."""
         with self._lock:
-            row = self._db.execute(
-                "SELECT coalesce(max(finish_seq), 0) FROM invocations WHERE finish_seq IS NOT NULL"
-            ).fetchone()
+            row = self._db.execute(_LAST_FINISH).fetchone()
         return int(row[0])
 
     def finished_since(self, ids: Sequence[str], since: float) -> list[Invocation]:
@@ -644,12 +641,16 @@ class SqliteStore:
         path.parent.mkdir(exist_ok=True)
         # written whole under another name, then renamed: a reader never sees a part
         partial = path.with_name(f".{digest}.{os.getpid()}.{threading.get_ident()}")
-        with open(partial, "wb") as f:
-            f.write(data)
-            if self._full:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(partial, path)
+        try:
+            with open(partial, "wb") as f:
+                f.write(data)
+                if self._full:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)  # a failed write leaves nothing behind
+            raise
 
     def get_blob(self, digest: str) -> bytes | None:
         path = self._blob_path(digest)
