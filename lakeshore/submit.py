@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import CancelledError, ExpiredInvocation, InvocationDead
-from .plane.ids import GROUP_SIZE, group_ids
+from .plane.ids import GROUP_ALPHABET, GROUP_SIZE, group_ids
 from .plane.model import Invocation, RetryPolicy, State
 from .wire import decode_error, decode_result, result_blob, verified
 
@@ -21,11 +21,10 @@ if TYPE_CHECKING:
     from .dispatch import Dispatch
     from .transport import Transport
 
-__all__ = ["IdGroups", "SubmitOptions", "key_id", "new_id", "outcome"]
+__all__ = ["IdGroups", "SubmitOptions", "encode_id", "key_id", "new_id", "outcome"]
 
-_ID_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 #: RFC 4648's base32 digits → ours
-_TO_ALPHABET = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _ID_ALPHABET.encode())
+_TO_ALPHABET = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", GROUP_ALPHABET.encode())
 
 
 def new_id() -> str:
@@ -34,7 +33,11 @@ def new_id() -> str:
     The 130-bit number ``milliseconds << 80 | 80 random bits`` in base32 (Crockford's
     lower-case alphabet), most significant digit first."""
     ms = int(time.time() * 1000)
-    n = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    return encode_id((ms << 80) | int.from_bytes(os.urandom(10), "big"))
+
+
+def encode_id(n: int) -> str:
+    """``n`` (under 2**130) as an id's 26 digits, most significant first."""
     # 160 bits encode to 32 digits aligned on the low end: the last 26 are n's
     return base64.b32encode(n.to_bytes(20, "big"))[6:].translate(_TO_ALPHABET).decode()
 

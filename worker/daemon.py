@@ -12,18 +12,16 @@ at once — new queues, another concurrency, or a drain (finish in-flight work, 
 
 from __future__ import annotations
 
-import signal
 import socket
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from .. import config
 from ..dispatch import Dispatch
 from ..plane.model import DaemonRecord
 from ..wire import PICKLE_PROTOCOL, PY_VERSION
-from .pool import ProcessWorker
+from .pool import ProcessWorker, on_stop_signals
 
 __all__ = ["Daemon"]
 
@@ -79,7 +77,11 @@ class Daemon:
     def run(self) -> int:
         """Register (unless done already), serve until drained or signalled; return
         jobs reported."""
-        early = _EarlyStop()  # a SIGTERM while registering stops the worker cleanly
+        # A SIGINT/SIGTERM while registering (before the worker's own handlers are in
+        # place) is noted: the worker then starts stopped and exits 0, instead of the
+        # process dying of the signal. The worker's handlers replace these while it runs.
+        early = threading.Event()
+        restore = on_stop_signals(early.set)
         try:
             rec = self.record or self.register()
             self.worker = ProcessWorker(
@@ -91,16 +93,16 @@ class Daemon:
                 worker_id=f"{rec.id}@{rec.host}",
             )
         except BaseException:
-            early.restore()
+            restore()
             raise
-        if early.requested:
+        if early.is_set():
             self.worker.request_stop()
         beat = threading.Thread(target=self._beat, name="lakeshore-daemon", daemon=True)
         beat.start()
         try:
             return self.worker.run()
         finally:
-            early.restore()
+            restore()
             self._stop.set()
             beat.join(timeout=10)
 
@@ -123,25 +125,3 @@ class Daemon:
             if rec.draining:
                 worker.request_stop()
                 return
-
-
-class _EarlyStop:
-    """SIGINT/SIGTERM before the worker's own handlers are in place (while the daemon
-    registers): noted, so the worker starts stopped and exits 0, instead of the process
-    dying of the signal's default action. Main thread only, as signal handlers are.
-    The worker's handlers replace these when it runs."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._previous[s] = signal.signal(s, self._note)
-
-    def _note(self, signum: int, frame: object) -> None:
-        self.requested = True
-
-    def restore(self) -> None:
-        """Put back the handlers there were before (once the worker has stopped)."""
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)

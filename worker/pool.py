@@ -47,7 +47,7 @@ from .execute import Outcome
 from .loop import default_worker_id
 from .report import report_many
 
-__all__ = ["ProcessWorker"]
+__all__ = ["ProcessWorker", "on_stop_signals"]
 
 log = logging.getLogger("dreamlake.lakeshore.worker")
 
@@ -97,6 +97,27 @@ class _Slot:
     untold: set[str] = field(default_factory=set)
 
 
+def on_stop_signals(stop: Callable[[], None]) -> Callable[[], None]:
+    """Call ``stop()`` on SIGINT and SIGTERM; returns the function that puts the handlers
+    there were before back. Signal handlers belong to the main thread: elsewhere this
+    does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop()
+
+    for s in previous:
+        signal.signal(s, on_signal)
+
+    def restore() -> None:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+    return restore
+
+
 class ProcessWorker:
     """Serve ``queues`` of ``dispatch`` with ``concurrency`` child processes."""
 
@@ -139,9 +160,7 @@ class ProcessWorker:
         self._blob_cache: dict[str, bytes] = {}
         #: a job process reads its large argument blob from the plane itself (a URL or a
         #: plane file it can open), not through this process and its pipe
-        self._job_reads_blobs = dispatch.target.startswith(("http://", "https://")) or (
-            "://" not in dispatch.target and dispatch.target != ":memory:"
-        )
+        self._job_reads_blobs = dispatch.target != ":memory:"
         self._next_flush = 0.0
         #: at most this many claims wait in the buffer (fewer for longer jobs)
         self.prefetch = prefetch
@@ -206,21 +225,7 @@ class ProcessWorker:
         self._stopping.set()
 
     def _install_signals(self) -> Callable[[], None]:
-        if threading.current_thread() is not threading.main_thread():
-            return lambda: None
-        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-
-        def on_signal(signum: int, frame: Any) -> None:
-            self.request_stop()
-
-        for s in previous:
-            signal.signal(s, on_signal)
-
-        def restore() -> None:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-
-        return restore
+        return on_stop_signals(self.request_stop)
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgpack
 
-from ..errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from ..errors import InvalidRequest, LakeshoreError, PayloadTooLarge, UnsupportedMediaType
 
 __all__ = [
     "JSON",
@@ -178,7 +178,5 @@ def fields(
 
 def error_view(exc: Exception) -> dict[str, str]:
     """An item's refusal as a batch answer carries it: its code and one-line reason."""
-    from ..errors import LakeshoreError
-
     code = exc.code if isinstance(exc, LakeshoreError) else "internal"
     return {"code": code, "message": str(exc)}

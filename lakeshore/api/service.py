@@ -151,6 +151,7 @@ class Service(WorkerRoutes):
         #: what the service counts (``GET /metrics``; EMF on Lambda)
         self.metrics = metrics or Registry()
         self.pauses = PauseFlags(plane)
+        self.wakes = wake_objects(plane.store)
 
     # ------------------------------------------------------------------ hello
     def hello(self, ident: Identity) -> dict[str, Any]:
@@ -279,7 +280,7 @@ class Service(WorkerRoutes):
         subs = [self._submission(ident, item, i, groups) for i, item in enumerate(items)]
         created = []
         idle = []
-        wakes = wake_objects(self.plane.store)
+        wakes = self.wakes
         for name in sorted({s.queue for s in subs}):
             if wakes is not None:  # the spec read tells whether idle workers wait for a wake
                 spec, marked = wakes.queue_and_idle(name)

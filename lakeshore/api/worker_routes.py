@@ -20,7 +20,7 @@ from ..errors import InvalidRequest, LakeshoreError
 from ..metrics import Registry
 from ..plane import Plane
 from ..plane.model import Claim, Invocation, State
-from ..plane.store import WakeObjects, wake_objects
+from ..plane.store import WakeObjects
 from .auth import Identity
 from .codec import NUM, OPT_NUM, as_bytes, error_view, fields
 
@@ -51,6 +51,13 @@ def _claim_view(c: Claim) -> dict[str, Any]:
     }
 
 
+def _refused(inv_id: str, exc: Exception) -> dict[str, str]:
+    """One item's refusal as a batch answer carries it, logged."""
+    view = error_view(exc)
+    logs.event(_log, "answer.refused", inv_id, code=view["code"])
+    return view
+
+
 class WorkerRoutes:
     """The routes a worker token calls."""
 
@@ -58,6 +65,8 @@ class WorkerRoutes:
     limits: Limits
     metrics: Registry
     pauses: PauseFlags
+    #: the store's wake objects (the AWS plane), or None
+    wakes: WakeObjects | None
 
     def claim(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require("worker")
@@ -80,13 +89,14 @@ class WorkerRoutes:
         lease = body.get("lease_seconds")
         if lease is not None and not 1 <= lease <= 3600:
             raise InvalidRequest("lease_seconds must be 1 to 3600")
-        wakes = wake_objects(self.plane.store)
+        wakes = self.wakes
         wait = min(max(0.0, float(body.get("wait", 0.0))), self.limits.max_wait)
         if wakes is not None:
             wait = 0.0  # nothing waits inside the function: an empty answer says what to watch
         deadline = time.monotonic() + wait
         while True:
-            open_queues = [q for q in queues if q not in self.pauses.paused(queues)]
+            paused = self.pauses.paused(queues)
+            open_queues = [q for q in queues if q not in paused]
             if open_queues:
                 break
             left = deadline - time.monotonic()
@@ -242,8 +252,7 @@ class WorkerRoutes:
         answers = []
         for x, outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Exception):  # LeaseLost and the like answer per item
-                answers.append({"id": x["id"], "ok": False, "error": error_view(outcome)})
-                logs.event(_log, "answer.refused", x["id"], code=error_view(outcome)["code"])
+                answers.append({"id": x["id"], "ok": False, "error": _refused(x["id"], outcome)})
             else:  # (started_at, worker, attempt: as they were while it ran)
                 answers.append({"id": x["id"], "ok": True, "error": None})
                 self._finished(outcome, "succeeded")
@@ -272,10 +281,8 @@ class WorkerRoutes:
         answers = []
         for x, error, state in zip(items, errors, states, strict=True):
             if isinstance(state, Exception):
-                answers.append(
-                    {"id": x["id"], "ok": False, "state": None, "error": error_view(state)}
-                )
-                logs.event(_log, "answer.refused", x["id"], code=error_view(state)["code"])
+                refused = _refused(x["id"], state)
+                answers.append({"id": x["id"], "ok": False, "state": None, "error": refused})
                 continue
             answers.append({"id": x["id"], "ok": True, "state": state.value, "error": None})
             outcome = "failed" if state is State.FAILED else "retried"

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..plane import Plane
 from ..plane.model import Invocation, State
-from ..submit import _ID_ALPHABET
+from ..submit import encode_id
 
 __all__ = ["id_floor", "queue_stats"]
 
@@ -23,12 +23,7 @@ _PAGE = 500
 
 def id_floor(at: float) -> str:
     """The smallest id :func:`~dreamlake.lakeshore.submit.new_id` could make at ``at``."""
-    n = max(0, int(at * 1000)) << 80
-    chars = []
-    for _ in range(26):
-        n, r = divmod(n, 32)
-        chars.append(_ID_ALPHABET[r])
-    return "".join(reversed(chars))
+    return encode_id(max(0, int(at * 1000)) << 80)
 
 
 def _bucket(at: float | None, start: float, width: float, n: int) -> int | None:

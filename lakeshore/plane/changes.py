@@ -126,13 +126,16 @@ class Changes:
                     if rec.id not in entry.fired:
                         entry.fired.add(rec.id)
                         due.append((entry, rec))
-            # Records not finished (retried: pending again) are new work for claims.
-            wake = self._finish_waiters or any(rec.state not in FINISHED for rec in records)
-            if any(rec.state in FINISHED for rec in records):
+            # Records not finished (retried: pending again) are new work for claims, and
+            # a claim held back by a cap waits for finishes: both see a new generation.
+            # A cursor wait listens to the finish count only (claim waits sleep on).
+            new_work = self._finish_waiters or any(rec.state not in FINISHED for rec in records)
+            finish = any(rec.state in FINISHED for rec in records)
+            if finish:
                 self._finishes += 1  # always: a cursor wait reads it before it looks
-                wake = wake or self._finish_listeners > 0
-            if wake:
+            if new_work:
                 self._generation += 1
+            if new_work or (finish and self._finish_listeners > 0):
                 self._cond.notify_all()
         for entry, rec in due:
             entry.callback(rec)

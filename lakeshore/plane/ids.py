@@ -15,12 +15,14 @@ import re
 
 __all__ = ["GROUP_ALPHABET", "GROUP_SIZE", "group_of", "group_ids"]
 
-#: the characters after the dot, in order (Crockford's base32, as the base uses)
+#: the digits of an id's base and of the character after the dot, in order (Crockford's
+#: base32, lower case)
 GROUP_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
 #: how many ids share one group at most
 GROUP_SIZE = 16
 
-_GROUPED = re.compile(r"^([0-9a-hjkmnp-tv-z]{26})\.([0-9a-hjkmnp-tv-z])$")
+_DIGIT = f"[{GROUP_ALPHABET}]"
+_GROUPED = re.compile(rf"^({_DIGIT}{{26}})\.({_DIGIT})$")
 
 
 def group_of(inv_id: str) -> str:
