@@ -64,7 +64,8 @@ class _Capture:
 class _Blobs:
     """The blobs a job reads: those its parent sent, else read from the plane by this
     process (a large argument blob comes straight here, not through the parent and the
-    pipe). The executor checks each against its digest."""
+    pipe). The executor checks each against its digest before it loads it, so a read
+    from a remote plane is not checked here too (that would hash every byte twice)."""
 
     def __init__(self, limit: int, plane: Callable[[], Dispatch]) -> None:
         self.blobs: dict[str, bytes] = {}
@@ -74,7 +75,14 @@ class _Blobs:
     def get_blob(self, digest: str) -> bytes:
         data = self.blobs.get(digest)
         if data is None:
-            data = self.blobs[digest] = self.plane().transport.get_blob(digest)
+            from ..http import HttpTransport  # (a job on a plane file never needs it)
+
+            transport = self.plane().transport
+            if isinstance(transport, HttpTransport):
+                data = transport.get_blob(digest, check=False)  # the executor checks it
+            else:
+                data = transport.get_blob(digest)
+            self.blobs[digest] = data
         return data
 
     def inline_limit(self) -> int:

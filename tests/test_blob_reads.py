@@ -1,0 +1,111 @@
+"""How a worker reads a large argument blob from a remote plane: one hash of its bytes,
+and still never a tampered one run.
+
+A process worker's job process reads an argument blob over the transport itself; the
+executor checks every blob against its digest before loading it, so the read does not
+hash the bytes a second time (``HttpTransport.get_blob(..., check=False)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import pytest
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore import wire
+from dreamlake.lakeshore.errors import InvalidRequest
+from dreamlake.lakeshore.server import LocalServer
+from dreamlake.lakeshore.worker.pool import ProcessWorker
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[LocalServer]:
+    server = LocalServer(tmp_path / "plane.db")
+    server.start()
+    yield server
+    server.stop()
+
+
+def _token(server: LocalServer, role: str) -> str:
+    assert server.admin_token is not None
+    with dls.Dispatch(server.url, token=server.admin_token) as admin:
+        secret = admin.transport.create_token(role)["token"]  # type: ignore[attr-defined]
+    return str(secret)
+
+
+def test_a_blob_read_unchecked_is_the_stored_bytes_and_checked_is_refused(
+    served: LocalServer,
+) -> None:
+    # Given a blob on the plane whose stored bytes were changed behind its back
+    data = b"honest bytes" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    with dls.Dispatch(served.url, token=_token(served, "producer")) as dp:
+        dp.upload({digest: data})
+        stored = served.plane_path.with_name(served.plane_path.name + ".blobs") / digest
+        stored.write_bytes(b"other bytes")
+        transport: Any = dp.transport
+        # When it is read with the transport's check: refused, naming the digest
+        with pytest.raises(InvalidRequest, match=digest[:12]):
+            transport.get_blob(digest)
+        # When it is read for a caller that checks it itself: the bytes as stored
+        assert transport.get_blob(digest, check=False) == b"other bytes"
+        # and that caller's check refuses them
+        with pytest.raises(InvalidRequest, match="does not match its digest"):
+            wire.verified(digest, transport.get_blob(digest, check=False))
+
+
+def _honest() -> Callable[[Any], Any]:
+    def size(x: Any) -> Any:
+        return len(x)
+
+    return size  # a closure: its body travels by value
+
+
+class _Detonator:
+    """Unpickling this writes ``marker``: the stand-in for code hidden in a blob."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Path.write_text, (self.marker, "tampered code ran"))
+
+
+def test_a_process_worker_over_http_refuses_arguments_that_do_not_match_their_digest(
+    served: LocalServer, tmp_path: Path
+) -> None:
+    # Given an invocation whose arguments travelled as a blob (over the inline limit)
+    marker = tmp_path / "tampered-code-ran"
+    with (
+        dls.Dispatch(served.url, token=_token(served, "producer")) as producer,
+        dls.Dispatch(served.url, token=_token(served, "worker")) as worker_dp,
+    ):
+        q = dls.SyncQueue("tamper", dispatch=producer)
+        inv = q.submit(_honest(), b"x" * (300 * 1024))
+        assert served.plane is not None
+        env = wire.decode_payload(served.plane.get(inv).payload)
+        digest = env["args_ref"]
+        # When the stored argument blob is swapped for arguments that run code on load
+        stored = served.plane_path.with_name(served.plane_path.name + ".blobs") / digest
+        stored.write_bytes(cloudpickle.dumps(((_Detonator(marker),), {}), protocol=5))
+        # and a process worker (its job process reads the blob over HTTP) takes it
+        w = ProcessWorker(worker_dp, ["tamper"], max_idle_wait=0.1)
+        thread = threading.Thread(target=w.run, daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(Exception) as caught:
+                q.result(inv, timeout=30)
+        finally:
+            w.request_stop()
+            w.request_stop()
+            thread.join(timeout=30)
+        # Then the job failed on the digest before anything was unpickled
+        assert not marker.exists(), "a worker ran arguments whose bytes do not match"
+        assert not isinstance(caught.value, TimeoutError)
+        assert "digest" in str(caught.value).lower() or digest[:12] in str(caught.value)
