@@ -181,6 +181,9 @@ class DevServer(LocalServer):
     def answers_inline(self, method: str, path: str) -> bool:
         return False  # every plane call is a round trip to the emulator: use the threads
 
+    def parks(self, method: str, path: str, size: int) -> bool:
+        return False  # (and a claim or a wait looks once on AWS: nothing waits inside)
+
 
 class Sweeper:
     """Calls ``plane.sweep()`` every ``every`` seconds on a thread of its own.

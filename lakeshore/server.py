@@ -11,11 +11,17 @@
                            ▼
                  apigw.http_response(...) → one response, Content-Length, one body message
 
-The resolver is synchronous and some routes wait (claims with ``wait``, invocation
-waits: up to ``limits.max_wait``), so each request runs on a thread of a dedicated pool,
-never on the event loop nor in anyio's 40-thread default. A request that finds every
-thread busy is answered ``503 unavailable`` at once instead of queueing behind long
-polls.
+The resolver is synchronous. Short requests are answered on the event loop itself.
+Some routes wait (claims with ``wait``, invocation waits: up to ``limits.max_wait``):
+with the plane's :class:`~.plane.changes.Changes` given, small ones are *parked* — the
+event loop resolves them with waits that do not block (the route answers as if its time
+were up and says what it waited for), keeps the request, and resolves it again when the
+plane tells of a change it waited for or its nap ends; until its own deadline, then the
+last (empty) answer goes out. A submit answered on the loop thus wakes a waiting claim
+on the same thread, with no hand-over. Other requests (blob transfers, waits on many ids,
+every request of ``lakeshore dev``) run on a thread of a dedicated pool, never on anyio's
+40-thread default. A request that finds every thread busy is answered ``503
+unavailable`` at once instead of queueing behind long polls.
 
 Powertools' resolver keeps the request it answers on the class (``current_event``,
 ``lambda_context``) and in one dict (``context``, which carries the route's path
@@ -45,6 +51,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from .plane import Plane
+    from .plane.changes import Changes, Park
 
 __all__ = [
     "DEFAULT_MAX_BODY",
@@ -67,6 +74,9 @@ GRACEFUL_SECONDS = 1.0
 _SHARED_POLL = 0.05
 #: the routes that may hold a request for up to ``max_wait``
 _WAITING_PATHS = frozenset({"/v1/claims", "/v1/invocations/wait"})
+#: a waiting request with a body up to this many bytes is parked on the event loop (a
+#: wait on many ids, costlier to look at again on each change, keeps its own thread)
+PARK_BODY = 4096
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -210,12 +220,17 @@ class PlaneASGI:
         max_body: int = DEFAULT_MAX_BODY,
         threads: int = DEFAULT_THREADS,
         inline: Callable[[str, str], bool] | None = None,
+        parks: Callable[[str, str, int], bool] | None = None,
+        changes: Changes | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
         self.resolver = resolver
         #: requests ``inline(method, path)`` accepts are answered on the event loop itself
         self.inline = inline
+        #: requests ``parks(method, path, body size)`` accepts are parked (with ``changes``)
+        self.parks = parks if changes is not None else None
+        self.changes = changes
         self.max_body = max_body
         self.threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lakeshore-api")
@@ -225,7 +240,12 @@ class PlaneASGI:
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         #: answers being awaited (event loop only) → the request's headers
-        self._waiting: dict[asyncio.Future[Answer], Mapping[str, str]] = {}
+        self._waiting: dict[asyncio.Future[Answer | None], Mapping[str, str]] = {}
+        #: parked requests' wake-ups (event loop only) → what each waits for
+        self._parked: dict[asyncio.Future[Answer | None], Park] = {}
+        self._wake_due = False
+        self._loop_thread = 0
+        self._unsubscribe = changes.subscribe(self._on_change) if changes is not None else None
 
     # --- lifecycle (any thread) ------------------------------------------------------------
     def stop(self) -> None:
@@ -239,6 +259,8 @@ class PlaneASGI:
     def close(self, timeout: float | None = None) -> bool:
         """Stop; wait up to ``timeout`` for request threads to end. True when all did."""
         self.stop()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         self._pool.shutdown(wait=False)
         with self._idle:
             return self._idle.wait_for(lambda: self.in_flight == 0, timeout)
@@ -271,7 +293,10 @@ class PlaneASGI:
             return _error_response(500, "error", "internal error", event.get("headers") or {})
 
     def _run(
-        self, event: dict[str, Any], waiter: asyncio.Future[Answer], loop: asyncio.AbstractEventLoop
+        self,
+        event: dict[str, Any],
+        waiter: asyncio.Future[Answer | None],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         """In a pool thread: resolve the request and hand the answer to the event loop."""
         try:
@@ -302,6 +327,8 @@ class PlaneASGI:
             )
         elif self._stopping:
             answer = _stopping_response(headers)
+        elif self.parks is not None and self.parks(scope["method"], scope["path"], len(body)):
+            answer = await self._answer_parked(self._event(scope, headers, body), headers)
         elif self.inline is not None and self.inline(scope["method"], scope["path"]):
             # Short requests skip the two thread hand-overs (~0.1 ms each under the GIL).
             answer = self._resolve(self._event(scope, headers, body))
@@ -313,7 +340,7 @@ class PlaneASGI:
         else:
             event = self._event(scope, headers, body)
             loop = self._loop = asyncio.get_running_loop()
-            waiter: asyncio.Future[Answer] = loop.create_future()
+            waiter: asyncio.Future[Answer | None] = loop.create_future()
             try:
                 self._pool.submit(self._run, event, waiter, loop)
             except RuntimeError:  # the pool is shut down: the server is stopping
@@ -322,10 +349,71 @@ class PlaneASGI:
             else:
                 self._waiting[waiter] = headers
                 try:
-                    answer = await waiter
+                    answer = cast(Answer, await waiter)
                 finally:
                     del self._waiting[waiter]
         await _send(send, *answer, head=scope["method"] == "HEAD")
+
+    # --- parked requests (event loop only, but for _on_change) -----------------------
+    async def _answer_parked(self, event: dict[str, Any], headers: Mapping[str, str]) -> Answer:
+        """Resolve a waiting request on the event loop, again after each change it
+        waits for, until it gets an answer that is not a park or its deadline passes."""
+        changes = cast("Changes", self.changes)
+        loop = self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        until: float | None = None
+        while True:
+            with changes.parking() as parked:
+                answer = self._resolve(event)
+            park = parked()
+            if park is None:
+                return answer
+            until = park.until if until is None else until
+            left = until - time.monotonic()
+            if left <= 0:
+                return answer  # the request's time is up: its empty answer goes out
+            waiter: asyncio.Future[Answer | None] = loop.create_future()
+            # Registered before the look at the counters: a change made by another
+            # thread from here on finds the waiter (see _on_change).
+            self._waiting[waiter] = headers
+            self._parked[waiter] = park
+            changes.hold(park)
+            timer = None
+            try:
+                if self._stopping:
+                    return _stopping_response(headers)
+                if not changes.changed(park):
+                    timer = loop.call_later(min(park.timeout, left), _settle, waiter, None)
+                    cut = await waiter
+                    if cut is not None:
+                        return cut  # the server is stopping
+            finally:
+                if timer is not None:
+                    timer.cancel()
+                changes.unhold(park)
+                del self._parked[waiter], self._waiting[waiter]
+
+    def _on_change(self) -> None:
+        """From whichever thread changed the plane: wake the parked requests it may
+        concern (once per loop turn, however many changes came in between)."""
+        loop = self._loop
+        if not self._parked or self._wake_due or loop is None:
+            return
+        self._wake_due = True
+        try:
+            if threading.get_ident() == self._loop_thread:
+                loop.call_soon(self._wake)
+            else:
+                loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop is closed: nothing is parked any more
+            self._wake_due = False
+
+    def _wake(self) -> None:
+        self._wake_due = False  # first: a change from here on schedules another wake
+        changes = cast("Changes", self.changes)
+        for waiter, park in list(self._parked.items()):
+            if changes.changed(park) and not waiter.done():
+                waiter.set_result(None)
 
     @staticmethod
     def _event(scope: Scope, headers: dict[str, str], body: bytes) -> dict[str, Any]:
@@ -361,7 +449,7 @@ class PlaneASGI:
         return b"".join(chunks)
 
 
-def _settle(waiter: asyncio.Future[Answer], answer: Answer) -> None:
+def _settle(waiter: asyncio.Future[Answer | None], answer: Answer | None) -> None:
     if not waiter.done():  # a stop may have answered it already
         waiter.set_result(answer)
 
@@ -495,6 +583,11 @@ class LocalServer:
             path in _WAITING_PATHS or path.startswith("/v1/blobs") or path.startswith("/v1/data")
         )
 
+    def parks(self, method: str, path: str, size: int) -> bool:
+        """Whether a waiting request is parked on the event loop (see :class:`PlaneASGI`):
+        claims and waits small enough to look at again on each change."""
+        return path in _WAITING_PATHS and size <= PARK_BODY
+
     def start(self, timeout: float = 30.0) -> None:
         import uvicorn
 
@@ -515,6 +608,8 @@ class LocalServer:
                 max_body=service.limits.max_body,
                 threads=self.threads,
                 inline=self.answers_inline,
+                parks=self.parks,
+                changes=self.plane.changes,
             )
             config = uvicorn.Config(
                 self.asgi,

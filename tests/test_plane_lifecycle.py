@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -1170,3 +1171,61 @@ def test_a_cursor_wait_moves_past_other_finishes_and_still_answers_its_own(
     # And a wait from the same cursor still answers it once it finishes
     plane.complete("j30", by_id["j30"].lease_token, b"r")
     assert [r.id for r in plane.wait(["j30"], 1.0, since=cursor)] == ["j30"]
+
+
+# =======================================================================================
+# Parking: waits an event loop holds instead of a thread
+# =======================================================================================
+
+
+def test_a_parking_claim_answers_at_once_and_says_what_it_waits_for(plane: Plane) -> None:
+    changes = plane.changes
+    told: list[int] = []
+    unsubscribe = changes.subscribe(lambda: told.append(changes.generation))
+    began = time.monotonic()
+    with changes.parking() as parked:
+        assert plane.claim([QUEUE], "w1", wait=30) == []
+    park = parked()
+    assert park is not None and park.kind == "generation" and not park.finishes
+    assert time.monotonic() - began < 5 and park.until > began + 29
+    assert 0 < park.timeout <= 0.25  # it looks again for scheduled work coming due
+    assert not changes.changed(park)
+    # a submit is the change it waits for, and subscribers are told of it
+    submit(plane)
+    assert changes.changed(park) and told
+    with changes.parking() as parked:
+        (claim,) = plane.claim([QUEUE], "w1", wait=30)
+    assert parked() is None and claim.id == "job-1"
+    unsubscribe()
+
+
+def test_a_parking_result_wait_waits_for_a_finish(plane: Plane) -> None:
+    claim = running(plane)
+    changes = plane.changes
+    cursor = plane.wait_cursor()
+    for since in (None, cursor):
+        with changes.parking() as parked:
+            assert plane.wait(["job-1"], 30, since=since) == []
+        park = parked()
+        assert park is not None and park.kind == "finishes" and not changes.changed(park)
+    plane.complete("job-1", claim.lease_token, b"result")
+    assert changes.changed(park)
+    with changes.parking() as parked:
+        (done,) = plane.wait(["job-1"], 30, since=cursor)
+    assert parked() is None and done.state is State.SUCCEEDED
+
+
+def test_a_held_park_on_a_capped_queue_is_woken_by_a_finish(plane: Plane) -> None:
+    plane.ensure_queue(QueueSpec("capped", elasticity={"kind": "fixed", "max": 1}))
+    submit(plane, "a", queue="capped")
+    submit(plane, "b", queue="capped")
+    (first,) = plane.claim(["capped"], "w1")
+    changes = plane.changes
+    with changes.parking() as parked:
+        assert plane.claim(["capped"], "w2", wait=30) == []
+    park = parked()
+    assert park is not None and park.finishes
+    changes.hold(park)  # as a server holding the request does
+    plane.complete("a", first.lease_token, b"r")
+    changes.unhold(park)
+    assert changes.changed(park)

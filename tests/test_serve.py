@@ -7,6 +7,7 @@ through :class:`~dreamlake.lakeshore.server.LocalServer`.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import queue
@@ -24,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from dreamlake.lakeshore.server import LocalServer, serve_in_thread
+from dreamlake.lakeshore import wire
+from dreamlake.lakeshore.server import PARK_BODY, LocalServer, serve_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -361,16 +363,19 @@ def test_concurrent_requests_each_see_their_own_request(tmp_path: Path) -> None:
 
 
 def test_a_waiting_request_beyond_the_threads_is_503_at_once(tmp_path: Path) -> None:
+    # Waits on many ids (bodies over PARK_BODY) are held by threads; small ones are parked.
+    many = [f"inv{i:030d}" for i in range(200)]
+    big = {"ids": many, "timeout": 1.5, "since": 0}
+    assert len(json.dumps(big)) > PARK_BODY
     with LocalServer(tmp_path / "plane.db", threads=2) as server:
         assert server.admin_token is not None
-        worker = make_token(server.url, server.admin_token, "worker")
+        admin = server.admin_token
         pollers = []
-        for i in range(2):
-            body = {"queues": ["idle"], "worker": f"w{i}", "wait": 1.5}
+        for _ in range(2):
 
-            def poll(body: dict[str, Any] = body) -> None:
+            def poll() -> None:
                 conn = connect(server.url)
-                request(conn, "POST", "/v1/claims", body, token=worker)
+                request(conn, "POST", "/v1/invocations/wait", big, token=admin)
                 conn.close()
 
             pollers.append(threading.Thread(target=poll))
@@ -381,15 +386,134 @@ def test_a_waiting_request_beyond_the_threads_is_503_at_once(tmp_path: Path) -> 
             time.sleep(0.01)
         conn = connect(server.url)
         began = time.monotonic()
-        wait = {"ids": ["nothing"], "timeout": 1.0}
-        status, headers, body = request(
-            conn, "POST", "/v1/invocations/wait", wait, token=server.admin_token
-        )
+        status, headers, body = request(conn, "POST", "/v1/invocations/wait", big, token=admin)
         assert status == 503 and body["error"]["code"] == "unavailable"
         assert headers["retry-after"] == "1" and time.monotonic() - began < 1
-        # A short request is answered on the event loop, threads or not.
-        status, _, body = request(conn, "GET", "/v1/hello", token=server.admin_token)
+        # A short request is answered on the event loop, threads or not; so is a parked
+        # claim (it waits its time out and answers empty).
+        status, _, body = request(conn, "GET", "/v1/hello", token=admin)
         assert status == 200 and time.monotonic() - began < 1
+        worker = make_token(server.url, admin, "worker")
+        claim = {"queues": ["idle"], "worker": "w", "wait": 0.3}
+        status, _, body = request(conn, "POST", "/v1/claims", claim, token=worker)
+        assert status == 200 and body == {"claims": []}
         conn.close()
         for t in pollers:
             t.join(10)
+
+
+def test_parked_waits_hold_no_thread_and_wake_on_the_change_they_wait_for(
+    tmp_path: Path,
+) -> None:
+    # Given a server with 2 request threads and 40 workers waiting on claims at once
+    with LocalServer(tmp_path / "plane.db", threads=2) as server:
+        assert server.admin_token is not None and server.asgi is not None
+        admin = server.admin_token
+        worker = make_token(server.url, admin, "worker")
+        conn = connect(server.url)
+        assert request(conn, "POST", "/v1/queues", {"name": "q"}, token=admin)[0] == 200
+        answers: queue.Queue[tuple[str, int, Any, float]] = queue.Queue()
+
+        def claim(name: str, wait: float) -> None:
+            c = connect(server.url)
+            began = time.monotonic()
+            body = {"queues": ["q"], "worker": name, "wait": wait}
+            status, _, answer = request(c, "POST", "/v1/claims", body, token=worker)
+            answers.put((name, status, answer, time.monotonic() - began))
+            c.close()
+
+        waiters = [threading.Thread(target=claim, args=(f"w{i}", 5.0)) for i in range(40)]
+        for t in waiters:
+            t.start()
+        deadline = time.monotonic() + 5
+        while len(server.asgi._parked) < 40:
+            assert time.monotonic() < deadline, len(server.asgi._parked)
+            time.sleep(0.01)
+        assert server.asgi.in_flight == 0  # parked: no thread held
+        # When one job is submitted
+        job = {"invocations": [{"queue": "q", "ref": "m:f"}]}
+        status, _, body = request(conn, "POST", "/v1/invocations", job, token=admin)
+        assert status == 200, body
+        # Then exactly one waiter gets it, at once, and the others wait on
+        _, status, answer, took = answers.get(timeout=5)
+        assert status == 200 and [c["id"] for c in answer["claims"]] == body["ids"]
+        assert took < 4.5
+        assert answers.empty()
+        # And a stop answers every parked request 503 at once (safe to retry)
+        began = time.monotonic()
+        server.request_stop()
+        got = [answers.get(timeout=5) for _ in range(39)]
+        assert {g[1] for g in got} == {503} and time.monotonic() - began < 2
+        for t in waiters:
+            t.join(5)
+        conn.close()
+
+
+def test_a_parked_result_wait_answers_when_its_invocation_finishes(tmp_path: Path) -> None:
+    with LocalServer(tmp_path / "plane.db", threads=2) as server:
+        assert server.admin_token is not None and server.asgi is not None
+        admin = server.admin_token
+        conn = connect(server.url)
+        assert request(conn, "POST", "/v1/queues", {"name": "q"}, token=admin)[0] == 200
+        status, _, body = request(
+            conn,
+            "POST",
+            "/v1/invocations",
+            {"invocations": [{"queue": "q", "ref": "m:f"}]},
+            token=admin,
+        )
+        inv = body["ids"][0]
+        got: queue.Queue[tuple[int, Any, float]] = queue.Queue()
+
+        def wait(since: float | None) -> None:
+            c = connect(server.url)
+            began = time.monotonic()
+            w: dict[str, Any] = {"ids": [inv], "timeout": 5}
+            if since is not None:
+                w["since"] = since
+            status, _, answer = request(c, "POST", "/v1/invocations/wait", w, token=admin)
+            got.put((status, answer, time.monotonic() - began))
+            c.close()
+
+        # a first wait (it checks the id) and a cursor wait, both parked
+        status, _, first = request(
+            conn, "POST", "/v1/invocations/wait", {"ids": [inv], "timeout": 0}, token=admin
+        )
+        assert status == 200 and first["invocations"] == []
+        threads = [
+            threading.Thread(target=wait, args=(None,)),
+            threading.Thread(target=wait, args=(first["cursor"],)),
+        ]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while len(server.asgi._parked) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        _, _, claimed = request(
+            conn, "POST", "/v1/claims", {"queues": ["q"], "worker": "w", "wait": 1}, token=admin
+        )
+        (c,) = claimed["claims"]
+        result = base64.b64encode(wire.encode_result("ok", prefer_msgpack=True)[0]).decode()
+        status, _, _ = request(
+            conn,
+            "POST",
+            "/v1/completions",
+            {"results": [{"id": inv, "lease_token": c["lease_token"], "result": result}]},
+            token=admin,
+        )
+        assert status == 200
+        for _ in threads:
+            status, answer, took = got.get(timeout=5)
+            assert status == 200, answer
+            assert [v["id"] for v in answer["invocations"]] == [inv]
+            assert took < 4.5
+        for t in threads:
+            t.join(5)
+        # an empty parked wait answers at its own deadline, not before and not much after
+        began = time.monotonic()
+        _, _, again = request(
+            conn, "POST", "/v1/claims", {"queues": ["q"], "worker": "w", "wait": 0.6}, token=admin
+        )
+        assert again == {"claims": []} and 0.55 < time.monotonic() - began < 3
+        conn.close()

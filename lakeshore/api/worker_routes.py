@@ -9,7 +9,6 @@ calls the plane, and returns the answer map.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
@@ -94,17 +93,20 @@ class WorkerRoutes:
         if wakes is not None:
             wait = 0.0  # nothing waits inside the function: an empty answer says what to watch
         deadline = time.monotonic() + wait
+        changes = self.plane.changes
         while True:
+            generation = changes.generation
             paused = self.pauses.paused(queues)
             open_queues = [q for q in queues if q not in paused]
             if open_queues:
                 break
             left = deadline - time.monotonic()
-            if left <= 0:  # every queue named is paused: nothing to hand out
+            # every queue named is paused: nothing to hand out (a server parking the
+            # request asks again after the recheck)
+            if left <= 0 or not changes.wait(generation, min(left, _PAUSE_RECHECK), until=deadline):
                 if wakes is not None:
                     return self._idle_answer(wakes, queues, [], body["worker"], limit, lease)
                 return {"claims": []}
-            threading.Event().wait(min(left, _PAUSE_RECHECK))
         left = max(0.0, deadline - time.monotonic())
         claims = self.plane.claim(
             open_queues, body["worker"], limit=limit, wait=left, lease_seconds=lease

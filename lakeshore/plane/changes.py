@@ -4,19 +4,28 @@ Writes made through this plane object notify at once. When the store is shared w
 other processes (a SQLite file, DynamoDB), one poller thread per plane watches the
 store's change marker every ``store.poll_interval`` seconds while anybody waits, and
 wakes them on a change.
+
+A thread in :meth:`Changes.parking` never blocks here: a wait records what it would wait
+for (a :class:`Park`) and returns False, and the plane call answers as if its time were
+up. An event loop uses this to hold a claim or a result wait without a thread: it keeps
+the request, is told of every change (:meth:`Changes.subscribe`) and asks again when the
+park's condition has changed (``lakeshore serve``).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from .model import FINISHED, Invocation
 from .store import Store
 
-__all__ = ["Changes"]
+__all__ = ["Changes", "Park"]
 
 Callback = Callable[[Invocation], None]
 
@@ -29,6 +38,27 @@ class _Watch:
     def __init__(self, callback: Callback) -> None:
         self.callback = callback
         self.fired: set[str] = set()
+
+
+@dataclass(frozen=True)
+class Park:
+    """What a wait in a parking thread would have waited for."""
+
+    #: "generation" (new work: claims) or "finishes" (a record finished: result waits)
+    kind: str
+    #: the counter's value the wait started from: any other value is a change
+    since: int
+    #: seconds until the plane wants to look again even without a change
+    timeout: float
+    #: the monotonic time the whole wait ends (the request's own deadline)
+    until: float
+    #: a claim on a capped queue: a finish may free a slot for it
+    finishes: bool = False
+
+
+class _Parking(threading.local):
+    on = False
+    park: Park | None = None
 
 
 class Changes:
@@ -47,6 +77,9 @@ class Changes:
         self._poller: threading.Thread | None = None
         self._marker = 0
         self._closed = False
+        self._parking = _Parking()
+        #: callbacks told of every change (parked requests); see :meth:`subscribe`
+        self._subscribers: list[Callable[[], None]] = []
 
     # --- generic wake-ups --------------------------------------------------------
     @property
@@ -57,17 +90,24 @@ class Changes:
         with self._cond:
             self._generation += 1
             self._cond.notify_all()
+        self._tell()
 
-    def wait(self, since: int, timeout: float, *, finishes: bool = False) -> None:
+    def wait(
+        self, since: int, timeout: float, *, finishes: bool = False, until: float | None = None
+    ) -> bool:
         """Block until something changed after generation ``since``, or ``timeout``.
 
         A finish (a record reaching a finished state) wakes only waiters that ask for
         ``finishes`` (claims on capped queues, which a finish may unblock): a claim wait
-        on work to arrive is not woken by every job that ends.
+        on work to arrive is not woken by every job that ends. ``until`` is when the
+        caller's whole wait ends (its loop's deadline). False when the calling thread is
+        parking: nothing was waited for, and the caller answers now.
         """
+        if self._parking.on:
+            return self._park("generation", since, timeout, until, finishes)
         with self._cond:
             if self._generation != since:
-                return
+                return True
             self._waiters += 1
             self._finish_waiters += finishes
             self._ensure_poller()
@@ -76,23 +116,92 @@ class Changes:
             finally:
                 self._waiters -= 1
                 self._finish_waiters -= finishes
+        return True
 
     @property
     def finishes(self) -> int:
         return self._finishes
 
-    def wait_finish(self, since: int, timeout: float) -> None:
+    def wait_finish(self, since: int, timeout: float, *, until: float | None = None) -> bool:
         """Block until some record finished after count ``since`` (any record: the
-        caller looks for its own), or ``timeout``, or the plane closes."""
+        caller looks for its own), or ``timeout``, or the plane closes. False when the
+        calling thread is parking (nothing was waited for)."""
+        if self._parking.on:
+            return self._park("finishes", since, timeout, until)
         with self._cond:
             if self._finishes != since:
-                return
+                return True
             self._finish_listeners += 1
             self._ensure_poller()
             try:
                 self._cond.wait_for(lambda: self._finishes != since or self._closed, timeout)
             finally:
                 self._finish_listeners -= 1
+        return True
+
+    # --- parking: waits held by an event loop instead of a thread -------------------
+    @property
+    def parks(self) -> bool:
+        """Whether the calling thread parks instead of blocking."""
+        return self._parking.on
+
+    @contextmanager
+    def parking(self) -> Iterator[Callable[[], Park | None]]:
+        """While the block runs, waits in this thread record a :class:`Park` and return
+        at once; yields a function giving the last park (None: the call answered
+        without wanting to wait)."""
+        slot = self._parking
+        slot.on, slot.park = True, None
+        try:
+            yield lambda: slot.park
+        finally:
+            slot.on = False
+
+    def _park(
+        self, kind: str, since: int, timeout: float, until: float | None, finishes: bool = False
+    ) -> bool:
+        end = time.monotonic() + timeout if until is None else until
+        self._parking.park = Park(kind, since, max(0.0, timeout), end, finishes)
+        return False
+
+    def changed(self, park: Park) -> bool:
+        """Whether what ``park`` waits for has happened (or the plane closed)."""
+        now = self._generation if park.kind == "generation" else self._finishes
+        return now != park.since or self._closed
+
+    def hold(self, park: Park) -> None:
+        """Count a parked request as a waiter (finishes and cross-process changes are
+        then noticed for it) until :meth:`unhold`."""
+        with self._cond:
+            self._hold(park, 1)
+            self._ensure_poller()
+
+    def unhold(self, park: Park) -> None:
+        with self._cond:
+            self._hold(park, -1)
+
+    def _hold(self, park: Park, step: int) -> None:
+        if park.kind == "generation":
+            self._waiters += step
+            self._finish_waiters += step if park.finishes else 0
+        else:
+            self._finish_listeners += step
+
+    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` (from the changing thread, outside any lock) after every
+        change a wait could be waiting for; returns a function that unsubscribes."""
+        with self._cond:
+            self._subscribers = [*self._subscribers, callback]
+
+        def unsubscribe() -> None:
+            with self._cond:
+                self._subscribers = [c for c in self._subscribers if c is not callback]
+
+        return unsubscribe
+
+    def _tell(self) -> None:
+        for callback in self._subscribers:
+            callback()
 
     # --- result watches ------------------------------------------------------------
     def watch(self, ids: Iterable[str], callback: Callback) -> Callable[[], None]:
@@ -139,6 +248,8 @@ class Changes:
                 self._cond.notify_all()
         for entry, rec in due:
             entry.callback(rec)
+        if new_work or finish:
+            self._tell()
 
     @property
     def closed(self) -> bool:
@@ -149,6 +260,7 @@ class Changes:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        self._tell()
 
     # --- cross-process polling -------------------------------------------------------
     def _ensure_poller(self) -> None:

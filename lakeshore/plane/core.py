@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from ..clock import Clock, SystemClock
@@ -89,11 +89,24 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
     def inline_limit(self) -> int:
         return self._inline_limit
 
+    @property
+    def changes(self) -> Changes:
+        """The plane's wake-ups (what a server holding waits on an event loop follows)."""
+        return self._changes
+
     # ------------------------------------------------------------------ blobs
     def put_blob(self, digest: str, data: bytes) -> None:
-        if hashlib.sha256(data).hexdigest() != digest:
-            raise InvalidRequest("blob digest does not match its bytes")
-        self.store.put_blob(digest, data, self.clock.now())
+        self.put_blobs({digest: data})
+
+    def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
+        """Store content-addressed blobs. Each is checked against its digest first:
+        one that does not match raises :class:`InvalidRequest` and none is stored."""
+        for digest, data in blobs.items():
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise InvalidRequest(f"blob {digest[:12]}… does not match its bytes")
+        now = self.clock.now()
+        for digest, data in blobs.items():
+            self.store.put_blob(digest, data, now)
 
     def get_blob(self, digest: str) -> bytes:
         data = self.store.get_blob(digest)

@@ -103,7 +103,8 @@ class ProducerOps(PlaneBase):
             if done or left <= 0 or self._changes.closed:
                 return done
             since = max(since, mark)
-            self._changes.wait_finish(count, min(left, 0.25))
+            if not self._changes.wait_finish(count, min(left, 0.25), until=deadline):
+                return done  # parked: the event loop holding the request asks again
 
     def wait_cursor(self) -> float:
         """The ``since`` for the next :meth:`wait` on the same ids, taken *before* this
@@ -167,6 +168,7 @@ class ProducerOps(PlaneBase):
             done.append(rec)
             event.set()
 
+        count = self._changes.finishes  # before the watch looks: a later finish is a change
         unwatch = self.watch(ids, on_done)
         deadline = time.monotonic() + timeout
         try:
@@ -174,6 +176,9 @@ class ProducerOps(PlaneBase):
             while not event.is_set() and not self._changes.closed:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    break
+                if self._changes.parks:  # held by an event loop: it asks again on a finish
+                    self._changes.wait_finish(count, left, until=deadline)
                     break
                 event.wait(min(left, 0.25))
         finally:

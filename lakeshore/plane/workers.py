@@ -56,9 +56,13 @@ class WorkerOps(PlaneBase):
             if claims or remaining <= 0 or (should_stop is not None and should_stop()):
                 return claims
             # A capped queue may have work held back by its cap: a finish frees a slot.
-            self._changes.wait(
-                generation, min(remaining, self._next_due_in(queues)), finishes=any(capped)
-            )
+            if not self._changes.wait(
+                generation,
+                min(remaining, self._next_due_in(queues)),
+                finishes=any(capped),
+                until=deadline,
+            ):
+                return claims  # parked: the event loop holding the request asks again
 
     def _next_due_in(self, queues: Sequence[str]) -> float:
         """Seconds until the earliest scheduled invocation of ``queues`` comes due."""
