@@ -279,6 +279,29 @@ def test_queue_counter_adds_atomically_from_many_threads(store: Store) -> None:
     assert store.queue_counter("jobs", 0) == 400
 
 
+def test_a_queue_spec_changed_through_another_handle_is_read_anew(
+    store: Store, open_another: Opener
+) -> None:
+    # Given a queue read through this handle (a store may keep what it read)
+    store.put_queue(QueueSpec("jobs"), T0)
+    assert store.get_queue("jobs") == QueueSpec("jobs")
+    other = open_another()
+    # When another handle (another process) changes it, deletes it, makes it again
+    changed = QueueSpec("jobs", kind="priority")
+    assert other.replace_queue(changed, T0 + 1)
+    # Then this handle reads each change
+    assert store.get_queue("jobs") == changed
+    other.delete_queue("jobs")
+    assert store.get_queue("jobs") is None
+    other.put_queue(QueueSpec("jobs", kind="filo"), T0 + 2)
+    assert store.get_queue("jobs") == QueueSpec("jobs", kind="filo")
+    # and its own changes too
+    assert store.replace_queue(QueueSpec("jobs"), T0 + 3)
+    assert store.get_queue("jobs") == QueueSpec("jobs")
+    store.delete_queue("jobs")
+    assert store.get_queue("jobs") is None
+
+
 def test_queue_counter_adds_atomically_from_two_handles_on_the_same_data(
     store: Store, open_another: Opener
 ) -> None:

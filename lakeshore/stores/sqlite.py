@@ -183,6 +183,11 @@ class SqliteStore:
         self._lock = threading.RLock()
         #: > 0 while :meth:`transaction` holds one open (its thread holds the lock)
         self._depth = 0
+        #: queue specs read (every submit and claim reads its queue's), valid while the
+        #: file's data_version stays what it was when they were read (other processes'
+        #: commits move it); this store's own writes to a spec drop them
+        self._specs: dict[str, QueueSpec] = {}
+        self._specs_marker = -1
         self._db = sqlite3.connect(
             self.path, timeout=30.0, isolation_level=None, check_same_thread=False
         )
@@ -280,19 +285,33 @@ class SqliteStore:
 
     # --- queues -------------------------------------------------------------
     def put_queue(self, spec: QueueSpec, now: float) -> QueueSpec:
-        with self._tx() as db:
-            db.execute(
-                "INSERT OR IGNORE INTO queues (name, spec, created_at, last_activity)"
-                " VALUES (?, ?, ?, ?)",
-                (spec.name, _spec_to_blob(spec), now, now),
-            )
-            row = db.execute("SELECT spec FROM queues WHERE name = ?", (spec.name,)).fetchone()
+        try:
+            with self._tx() as db:
+                db.execute(
+                    "INSERT OR IGNORE INTO queues (name, spec, created_at, last_activity)"
+                    " VALUES (?, ?, ?, ?)",
+                    (spec.name, _spec_to_blob(spec), now, now),
+                )
+                row = db.execute("SELECT spec FROM queues WHERE name = ?", (spec.name,)).fetchone()
+        finally:
+            self._specs.clear()
         return _spec_from_blob(spec.name, row[0])
 
     def get_queue(self, name: str) -> QueueSpec | None:
         with self._lock:
+            if self.shared:
+                marker = self._db.execute("PRAGMA data_version").fetchone()[0]
+                if marker != self._specs_marker:
+                    self._specs.clear()
+                    self._specs_marker = marker
+            spec = self._specs.get(name)
+            if spec is not None:
+                return spec
             row = self._db.execute("SELECT spec FROM queues WHERE name = ?", (name,)).fetchone()
-        return None if row is None else _spec_from_blob(name, row[0])
+            if row is None:
+                return None
+            spec = self._specs[name] = _spec_from_blob(name, row[0])
+            return spec
 
     def list_queues(self) -> list[tuple[QueueSpec, float]]:
         with self._lock:
@@ -302,24 +321,30 @@ class SqliteStore:
         return [(_spec_from_blob(n, s), a) for n, s, a in rows]
 
     def replace_queue(self, spec: QueueSpec, now: float) -> bool:
-        with self._tx() as db:
-            cur = db.execute(
-                "UPDATE queues SET spec = ?, last_activity = ? WHERE name = ?",
-                (_spec_to_blob(spec), now, spec.name),
-            )
+        try:
+            with self._tx() as db:
+                cur = db.execute(
+                    "UPDATE queues SET spec = ?, last_activity = ? WHERE name = ?",
+                    (_spec_to_blob(spec), now, spec.name),
+                )
+        finally:
+            self._specs.clear()
         return cur.rowcount == 1
 
     def delete_queue(self, name: str, *, invocations: bool = True) -> int:
-        with self._tx() as db:
-            gone = 0
-            if invocations:
-                db.execute(
-                    "DELETE FROM logs WHERE invocation IN"
-                    " (SELECT id FROM invocations WHERE queue = ?)",
-                    (name,),
-                )
-                gone = db.execute("DELETE FROM invocations WHERE queue = ?", (name,)).rowcount
-            db.execute("DELETE FROM queues WHERE name = ?", (name,))
+        try:
+            with self._tx() as db:
+                gone = 0
+                if invocations:
+                    db.execute(
+                        "DELETE FROM logs WHERE invocation IN"
+                        " (SELECT id FROM invocations WHERE queue = ?)",
+                        (name,),
+                    )
+                    gone = db.execute("DELETE FROM invocations WHERE queue = ?", (name,)).rowcount
+                db.execute("DELETE FROM queues WHERE name = ?", (name,))
+        finally:
+            self._specs.clear()
         return gone
 
     def touch_queue(self, name: str, now: float) -> None:
