@@ -10,6 +10,8 @@ Contract:
   closed by :func:`close_all`, which the owner arranges for when the holder is collected.
 - Every connection sets ``TCP_NODELAY``: requests go out in one piece and are answered
   at once, so Nagle's algorithm would only add latency.
+- Plain HTTP connections are :class:`~.plain.PlainConnection` (one ``sendmsg`` a request,
+  a small answer parser); TLS ones keep ``http.client``'s.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from .plain import PlainConnection
 
 __all__ = [
     "Answer",
@@ -59,12 +63,6 @@ def origin_of(scheme: str, host: str, port: int | None) -> Origin:
     return (scheme, host, port or (443 if scheme == "https" else 80))
 
 
-class _HTTPConnection(http.client.HTTPConnection):
-    def connect(self) -> None:
-        super().connect()
-        _nodelay(self.sock)
-
-
 class _HTTPSConnection(http.client.HTTPSConnection):
     def connect(self) -> None:
         super().connect()
@@ -84,7 +82,7 @@ def new_connection(
     scheme, host, port = origin
     if scheme == "https":
         return _HTTPSConnection(host, port, timeout=timeout, context=context)
-    return _HTTPConnection(host, port, timeout=timeout)
+    return PlainConnection(host, port, timeout=timeout)
 
 
 def dropped(sock: socket.socket) -> bool:
@@ -139,6 +137,15 @@ def request_once(
     conn.timeout = timeout
     if conn.sock is not None:
         conn.sock.settimeout(timeout)
+    if isinstance(conn, PlainConnection):
+        try:
+            status, fields, data, will_close = conn.exchange(method, target.path, body, headers)
+        except BaseException:
+            conn.close()
+            raise
+        if will_close:
+            conn.close()
+        return Answer(status, fields, data)
     try:
         conn.request(method, target.path, body=body, headers=dict(headers))
         response = conn.getresponse()
