@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .. import logs
@@ -61,6 +62,9 @@ _EMA = 0.2
 _PIPELINE = 8
 #: a job running this long (seconds) gets the claims queued behind it handed back
 _HAND_BACK_AFTER = 0.25
+#: seconds the fetcher waits for the main loop to start a claim on a free slot before it
+#: asks for more (the job starts sooner when the two do not contend for the GIL)
+_YIELD_SECONDS = 0.005
 #: buffered claims no slot could start for this long (seconds) go back to the plane
 _BUFFER_MAX_WAIT = 1.0
 
@@ -305,10 +309,20 @@ class ProcessWorker:
                 continue
             if claims:
                 now = time.monotonic()
+                idle = self.running < self.concurrency
                 with self._cv:
                     self._ready.extend(claims)
                     self._ready_since.update((c.id, now) for c in claims)
                 self._wake()
+                if idle:
+                    # A slot is free: let the main loop start the job before this thread
+                    # builds its next claim (holding the GIL the main loop waits for).
+                    with self._cv:
+                        self._cv.wait_for(partial(self._taken, claims[0].id), _YIELD_SECONDS)
+
+    def _taken(self, inv_id: str) -> bool:
+        """Whether the main loop took the buffered claim ``inv_id`` (or is stopping)."""
+        return inv_id not in self._ready_since or self._stopping.is_set()
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError, ValueError):
