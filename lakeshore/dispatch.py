@@ -22,9 +22,9 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from . import authfile, config
 from . import batching as _batch
@@ -35,7 +35,7 @@ from .plane.kinds import check_settings
 from .stores import SqliteStore
 from .transport import Transport
 
-__all__ = ["Dispatch", "QueueCreatedWarning"]
+__all__ = ["BlobCarrier", "Dispatch", "QueueCreatedWarning"]
 
 
 #: invocations per submit call in a batch on an embedded plane (one transaction each)
@@ -44,6 +44,16 @@ _EMBEDDED_BATCH = 500
 
 class QueueCreatedWarning(UserWarning):
     """A lazily named queue did not exist on the plane and was created."""
+
+
+@runtime_checkable
+class BlobCarrier(Protocol):
+    """A transport whose submit can carry the blobs its submissions name, so they need
+    no upload of their own (the HTTP client: ``HttpTransport.submit_with_blobs``)."""
+
+    def submit_with_blobs(
+        self, subs: Sequence[Submission], blobs: Mapping[str, bytes]
+    ) -> list[str]: ...
 
 
 _announced = False
@@ -137,6 +147,8 @@ class Dispatch:
         self.transport: Transport = open_transport(
             self.target, token=token, clock=clock, options=plane_options
         )
+        #: the transport, when its submit can carry blobs (asked once: the check is slow)
+        self._carrier = self.transport if isinstance(self.transport, BlobCarrier) else None
         self._lock = threading.Lock()
         self._queues: dict[str, QueueSpec] = {}
         self._blobs: set[str] = set()
@@ -184,8 +196,7 @@ class Dispatch:
 
     def upload(self, blobs: Mapping[str, bytes]) -> None:
         """Make sure the plane holds these content-addressed blobs (each sent once)."""
-        with self._lock:
-            new = [d for d in blobs if d not in self._blobs]
+        new = self._unsent(blobs)
         if not new:
             return
         for d in self.transport.missing_blobs(new):
@@ -193,25 +204,54 @@ class Dispatch:
         with self._lock:
             self._blobs.update(new)
 
+    def _unsent(self, blobs: Mapping[str, bytes]) -> dict[str, bytes]:
+        """The blobs this Dispatch has not yet seen the plane take."""
+        with self._lock:
+            return {d: b for d, b in blobs.items() if d not in self._blobs}
+
     def submit(
-        self, subs: list[Submission], *, spec: QueueSpec, strict: bool, check: Iterable[str]
+        self,
+        subs: list[Submission],
+        *,
+        spec: QueueSpec,
+        strict: bool,
+        check: Iterable[str],
+        blobs: Mapping[str, bytes] | None = None,
     ) -> list[str]:
         """Submit, creating the queue first if needed (and again if it was removed).
 
-        Inside ``with dls.batch():`` the submissions are buffered and sent by the batch.
+        ``blobs`` are the content-addressed blobs the submissions name (a function body,
+        arguments over the inline limit); each goes to the plane once per Dispatch, in
+        the submit request itself where the transport can carry it, else uploaded first.
+        Inside ``with dls.batch():`` they are uploaded at once and the submissions
+        buffered and sent by the batch.
         """
         open_batch = _batch.current()
         if open_batch is not None:
+            self.upload(blobs or {})
             return open_batch.add(self, subs, spec=spec, strict=strict, check=check)
         self.ensure_queue(spec, strict=strict, check=check)
+        new = self._unsent(blobs or {})
+        if new and self._carrier is None:
+            self.upload(new)
+            new = {}
         try:
-            return self.transport.submit(subs)
+            ids = self._send(subs, new)
         except QueueNotFound:
             if strict:
                 raise
             self.forget_queue(spec.name)
             self.ensure_queue(spec, strict=strict, check=check)
-            return self.transport.submit(subs)
+            ids = self._send(subs, new)
+        if new:
+            with self._lock:
+                self._blobs.update(new)
+        return ids
+
+    def _send(self, subs: list[Submission], blobs: dict[str, bytes]) -> list[str]:
+        if blobs and self._carrier is not None:
+            return self._carrier.submit_with_blobs(subs, blobs)
+        return self.transport.submit(subs)
 
     # --- queue administration -------------------------------------------------------------
     def queues(self) -> list[dict[str, Any]]:

@@ -232,7 +232,6 @@ class _QueueHandle:
         else:
             limit = dp.transport.inline_limit()
             encoded = encode_pickle_call(fn, args, kwargs, body=body, inline_limit=limit)
-        dp.upload(encoded.blobs)
         priority = opts.priority or 0.0
         if stored.kind in ("priority", "boltzmann") and stored.priority_field in kwargs:
             priority = kwargs[stored.priority_field]
@@ -260,7 +259,10 @@ class _QueueHandle:
             retry=opts.retry,
         )
         logs.event(_log, "invocation.submitting", inv_id, queue=stored.name, level=logging.DEBUG)
-        return dp.submit([sub], spec=self.spec, strict=self.strict, check=self._check)[0]
+        ids = dp.submit(
+            [sub], spec=self.spec, strict=self.strict, check=self._check, blobs=encoded.blobs
+        )
+        return ids[0]
 
     def _submit_exec(
         self,

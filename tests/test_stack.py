@@ -21,6 +21,7 @@ import fnmatch
 import hashlib
 import importlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -44,7 +45,12 @@ from dreamlake.lakeshore.handlers import apigw
 from dreamlake.lakeshore.plane import Plane, QueueSpec, State, Submission
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.stores import keys as K
-from dreamlake.lakeshore.wire import encode_ref_call, encode_result
+from dreamlake.lakeshore.wire import (
+    decode_payload,
+    encode_pickle_call,
+    encode_ref_call,
+    encode_result,
+)
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -608,6 +614,34 @@ def test_a_batch_through_the_api_is_one_group_written_once_a_step(stack: Stack) 
         "POST", "/v1/invocations", {"invocations": [submission(base + ".f", "other")]}
     )
     assert status == 400 and "one queue" in refused["error"]["message"]
+
+
+def test_a_submit_carrying_its_blobs_through_the_lambda_stores_them_in_s3(
+    stack: Stack, template: dict[str, Any]
+) -> None:
+    # Given a pickled call whose arguments travel as a blob, with its function body
+    call = encode_pickle_call(math.floor, (b"x" * 5000,), {}, inline_limit=1024)
+    [args_ref] = [d for d in call.blobs if d != decode_payload(call.payload)["fn"]]
+    item = {"id": "carried-1", "queue": "jobs", "payload": call.payload}
+    listed = {"Bucket": stack.resources.bucket, "Prefix": K.BLOB_PREFIX}
+    # When a submit carries one blob whose bytes are not its digest's: a 400, nothing kept
+    wrong = {**call.blobs, args_ref: b"other bytes"}
+    status, body, _ = stack.call("POST", "/v1/invocations", {"invocations": [item], "blobs": wrong})
+    assert status == 400 and args_ref[:12] in body["error"]["message"]
+    assert stack.s3.list_objects_v2(**listed).get("KeyCount", 0) == 0
+    assert stack.records("jobs") == {}
+    # When the submit carries the blobs as they are (base64 in the API Gateway event)
+    blobs = call.blobs
+    status, body, _ = stack.call("POST", "/v1/invocations", {"invocations": [item], "blobs": blobs})
+    # Then the blobs are in the bucket, and a worker's claim names the argument blob
+    assert (status, body["ids"]) == (200, ["carried-1"])
+    keys = {o["Key"] for o in stack.s3.list_objects_v2(**listed)["Contents"]}
+    assert keys == {K.blob_key(d) for d in blobs}
+    _, claimed, _ = stack.call("POST", "/v1/claims", {"queues": ["jobs"], "worker": "w1"})
+    [claim] = claimed["claims"]
+    assert decode_payload(claim["payload"])["args_ref"] == args_ref
+    assert stack.plane().get_blob(args_ref) == blobs[args_ref]
+    assert_allowed(stack.faults.calls, template, stack.resources)
 
 
 # --- faults --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -65,6 +66,9 @@ _SUBMISSION: dict[str, Any] = {
     "max_attempts": (int, type(None)),
     "retry": (dict, type(None)),
 }
+_SUBMIT: dict[str, Any] = {"invocations": list, "blobs": (dict, type(None))}
+#: a blob's name: its sha256
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 #: the longest delay a submit may ask for (a year)
 _MAX_DELAY = 366 * 86400.0
 #: a daemon not heard from for this long no longer counts as a live worker
@@ -170,6 +174,7 @@ class Service(WorkerRoutes):
                 "max_batch": self.limits.max_batch,
                 "max_wait": self.limits.max_wait,
                 "max_wait_ids": self.limits.max_batch * 20,
+                "submit_blobs": self.limits.max_body,
             },
             "identity": {
                 "token_id": ident.token_id,
@@ -271,13 +276,19 @@ class Service(WorkerRoutes):
 
     # ------------------------------------------------------------------ invocations
     def submit(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
+        """Submit invocations; ``blobs`` (digest → bytes), when given, are stored first,
+        each checked against its digest (a mismatch stores nothing and submits nothing),
+        so a call's argument blob needs no upload of its own."""
         ident.require("producer")
-        body = fields(body, {"invocations": list}, required=("invocations",))
+        body = fields(body, _SUBMIT, required=("invocations",))
         items = body["invocations"]
         if not items or len(items) > self.limits.max_batch:
             raise InvalidRequest(f"invocations must hold 1 to {self.limits.max_batch} items")
         groups = IdGroups() if len(items) > 1 else None
         subs = [self._submission(ident, item, i, groups) for i, item in enumerate(items)]
+        blobs = self._carried_blobs(body.get("blobs"))
+        if blobs:
+            self.plane.put_blobs(blobs)
         created = []
         idle = []
         wakes = self.wakes
@@ -310,6 +321,19 @@ class Service(WorkerRoutes):
         for name, n in per_queue.items():
             self.metrics.submitted(name, n)
         return {"ids": ids}
+
+    def _carried_blobs(self, raw: dict[str, Any] | None) -> dict[str, bytes]:
+        """The ``blobs`` of a submit, each named by a sha256 (not yet checked)."""
+        if not raw:
+            return {}
+        if len(raw) > self.limits.max_batch:
+            raise InvalidRequest(f"blobs must hold at most {self.limits.max_batch} blobs")
+        out = {}
+        for digest, data in raw.items():
+            if not _DIGEST.fullmatch(digest):
+                raise InvalidRequest("blobs are named by their sha256 (64 lower-case hex digits)")
+            out[digest] = as_bytes(data, f"blobs[{digest[:12]}…]")
+        return out
 
     def _submission(
         self, ident: Identity, item: Any, i: int, groups: IdGroups | None

@@ -9,17 +9,20 @@ plane then refuses it with ``PayloadTooLarge``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..wire import pack
 
-__all__ = ["ENVELOPE_ROOM", "Limits", "batches", "size_batches"]
+__all__ = ["ENVELOPE_ROOM", "Limits", "batches", "carried", "size_batches"]
 
 #: room left for the pickle envelope around arguments kept inline (the plane's
 #: ``inline_payload`` bounds the whole payload; the SDK compares the arguments alone)
 ENVELOPE_ROOM = 1024
+
+#: bytes of msgpack around one blob a submit carries (its digest key, the bin header)
+_BLOB_ROOM = 80
 
 _T = TypeVar("_T")
 
@@ -38,6 +41,8 @@ class Limits:
     max_wait: float = 20.0
     #: ids in one wait (``max_wait_ids`` if hello names it, else ``max_batch``)
     max_wait_ids: int = 500
+    #: bytes of blobs one submit may carry along (0: the plane takes blobs by upload only)
+    submit_blobs: int = 0
 
     @classmethod
     def from_hello(cls, raw: Any) -> Limits:
@@ -50,6 +55,7 @@ class Limits:
             max_batch=batch,
             max_wait=float(got.get("max_wait") or base.max_wait),
             max_wait_ids=int(got.get("max_wait_ids") or batch),
+            submit_blobs=int(got.get("submit_blobs") or 0),
         )
 
 
@@ -73,3 +79,16 @@ def size_batches(items: Sequence[Any], count: int, max_body: int) -> Iterator[li
         size += n
     if run:
         yield run
+
+
+def carried(items_size: int, blobs: Mapping[str, bytes], limits: Limits) -> dict[str, bytes]:
+    """The blobs, in order, that a submit whose items encode to ``items_size`` bytes
+    can carry: within ``submit_blobs`` and, with the items, within the body limit."""
+    room = min(limits.submit_blobs, limits.max_body - 1024 - items_size)
+    out: dict[str, bytes] = {}
+    for digest, data in blobs.items():
+        need = len(data) + _BLOB_ROOM
+        if need <= room:
+            out[digest] = data
+            room -= need
+    return out

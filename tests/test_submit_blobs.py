@@ -1,0 +1,304 @@
+"""A submit that carries the blobs its invocations name (``blobs``): one request instead
+of a question about them, an upload of each and the submit.
+
+The API checks each carried blob against its digest and stores them before the
+invocations; bad input is a 4xx that stores nothing. The HTTP client carries what fits
+in one body on a plane that says it takes blobs there (hello's ``submit_blobs``) and
+uploads the rest first, as before.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import yaml
+from openapi_schema_validator import OAS31Validator
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore import wire
+from dreamlake.lakeshore.api import Limits, Service, bootstrap_admin
+from dreamlake.lakeshore.handlers import apigw
+from dreamlake.lakeshore.handlers.api import make_app
+from dreamlake.lakeshore.http import HttpTransport
+from dreamlake.lakeshore.http import Limits as ClientLimits
+from dreamlake.lakeshore.http.limits import carried
+from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.server import LocalServer
+from dreamlake.lakeshore.stores import SqliteStore
+
+MP = "application/msgpack"
+SPEC = Path(__file__).resolve().parent.parent / "infra" / "openapi.yaml"
+MAX_BODY = 64 * 1024
+
+
+def _size(data: bytes) -> int:
+    return len(data)
+
+
+def _call(data: bytes) -> wire.EncodedCall:
+    """A pickled call whose arguments travel as a blob (over a 1 KiB inline limit)."""
+    return wire.encode_pickle_call(_size, (data,), {}, inline_limit=1024)
+
+
+# --- the API -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Api:
+    plane: Plane
+    app: Any
+    token: str
+
+    def send(self, body: bytes, media: str = MP) -> tuple[int, Any]:
+        headers = {"content-type": media, "authorization": f"Bearer {self.token}"}
+        event = apigw.http_event("POST", "/v1/invocations", headers=headers, body=body)
+        status, _, data = apigw.http_response(self.app.resolve(event, None))
+        return status, (msgpack.unpackb(data) if media == MP else json.loads(data))
+
+    def submit(self, body: dict[str, Any]) -> tuple[int, Any]:
+        return self.send(msgpack.packb(body, use_bin_type=True))
+
+
+@pytest.fixture
+def api() -> Iterator[Api]:
+    """An in-memory plane behind the Lambda handler's router (base64 bodies, as API
+    Gateway sends them), with a 64 KiB body limit and a producer token."""
+    plane = Plane(SqliteStore(":memory:"))
+    app = make_app(Service(plane, limits=Limits(max_body=MAX_BODY, inline_payload=8 * 1024)))
+    admin = bootstrap_admin(plane)
+    assert admin is not None
+    headers = {"content-type": MP, "authorization": f"Bearer {admin}"}
+    raw = msgpack.packb({"role": "producer"})
+    event = apigw.http_event("POST", "/v1/tokens", headers=headers, body=raw)
+    _, _, data = apigw.http_response(app.resolve(event, None))
+    yield Api(plane, app, msgpack.unpackb(data)["token"])
+    plane.close()
+
+
+def test_a_submit_stores_the_blobs_it_carries_then_its_invocation(api: Api) -> None:
+    # Given a call whose function body and arguments are blobs the plane does not have
+    call = _call(b"x" * 20_000)
+    assert api.plane.missing_blobs(call.blobs) == set(call.blobs)
+    # When it is submitted with its blobs in the same request
+    item = {"id": "carried-1", "queue": "jobs", "payload": call.payload}
+    status, body = api.submit({"invocations": [item], "blobs": call.blobs})
+    # Then the plane has the blobs, as they were, and the invocation naming them
+    assert (status, body) == (200, {"ids": ["carried-1"]})
+    assert api.plane.missing_blobs(call.blobs) == set()
+    for digest, data in call.blobs.items():
+        assert api.plane.get_blob(digest) == data
+    [claim] = api.plane.claim(["jobs"], "w1")
+    assert (claim.id, claim.payload) == ("carried-1", call.payload)
+
+
+def test_a_json_submit_may_carry_blobs_in_base64(api: Api) -> None:
+    data = b"\x00\xff json blob"
+    digest = hashlib.sha256(data).hexdigest()
+    body = {
+        "invocations": [{"queue": "jobs", "ref": "math:sqrt", "args": [4]}],
+        "blobs": {digest: base64.b64encode(data).decode()},
+    }
+    status, _ = api.send(json.dumps(body).encode(), "application/json")
+    assert status == 200
+    assert api.plane.get_blob(digest) == data
+
+
+def test_a_carried_blob_that_does_not_match_its_digest_stores_nothing(api: Api) -> None:
+    # Given two carried blobs, the second with bytes that are not its digest's
+    good, bad = b"good bytes", b"bad bytes"
+    d_good, d_bad = hashlib.sha256(good).hexdigest(), hashlib.sha256(b"other").hexdigest()
+    item = {"id": "refused-1", "queue": "jobs", "ref": "math:sqrt", "args": [4]}
+    # When they are submitted
+    status, body = api.submit({"invocations": [item], "blobs": {d_good: good, d_bad: bad}})
+    # Then the submit is refused with a one-line reason naming the blob
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert d_bad[:12] in body["error"]["message"] and "\n" not in body["error"]["message"]
+    # and nothing was stored: no blob, no invocation, no queue
+    assert api.plane.missing_blobs([d_good, d_bad]) == {d_good, d_bad}
+    assert api.plane.list_queues() == []
+
+
+@pytest.mark.parametrize(
+    ("blobs", "reason"),
+    [
+        ([b"bytes"], "blobs must be"),
+        ({"abc": b"bytes"}, "sha256"),
+        ({"A" * 64: b"bytes"}, "sha256"),
+        ({"a" * 64: 5}, "must be bytes"),
+        ({"a" * 64: "not base64!"}, "must be bytes"),
+        ({f"{i:064x}": b"" for i in range(501)}, "at most 500"),
+    ],
+    ids=["a list", "a short name", "upper-case hex", "a number", "bad base64", "too many"],
+)
+def test_malformed_blobs_are_a_400_and_store_nothing(api: Api, blobs: Any, reason: str) -> None:
+    item = {"queue": "jobs", "ref": "math:sqrt", "args": [4]}
+    status, body = api.submit({"invocations": [item], "blobs": blobs})
+    assert status == 400, body
+    assert reason in body["error"]["message"]
+    assert api.plane.list_queues() == []
+
+
+def test_a_body_over_the_limit_is_a_413_and_stores_nothing(api: Api) -> None:
+    data = b"x" * (MAX_BODY + 1)
+    digest = hashlib.sha256(data).hexdigest()
+    item = {"queue": "jobs", "ref": "math:sqrt", "args": [4]}
+    status, body = api.submit({"invocations": [item], "blobs": {digest: data}})
+    assert status == 413 and body["error"]["code"] == "payload_too_large"
+    assert api.plane.missing_blobs([digest]) == {digest}
+    assert api.plane.list_queues() == []
+
+
+def test_hello_says_how_many_bytes_of_blobs_a_submit_may_carry(api: Api) -> None:
+    headers = {"authorization": f"Bearer {api.token}"}
+    event = apigw.http_event("GET", "/v1/hello", headers=headers)
+    _, _, data = apigw.http_response(api.app.resolve(event, None))
+    limits = json.loads(data)["limits"]
+    assert limits["submit_blobs"] == limits["max_body"] == MAX_BODY
+
+
+def test_the_document_describes_the_blobs_of_a_submit() -> None:
+    spec = yaml.safe_load(SPEC.read_text())
+    schema = {"$ref": "#/components/schemas/SubmitRequest", "components": spec["components"]}
+    validator = OAS31Validator(schema)
+    digest = hashlib.sha256(b"bytes").hexdigest()
+    item = {"queue": "jobs", "payload": base64.b64encode(b"p").decode()}
+    good = {"invocations": [item], "blobs": {digest: base64.b64encode(b"bytes").decode()}}
+    assert list(validator.iter_errors(good)) == []
+    assert list(validator.iter_errors({**good, "blobs": {"abc": "Ynl0ZXM="}})) != []
+
+
+# --- the client --------------------------------------------------------------------------------
+
+
+def test_carried_takes_the_blobs_that_fit_in_order() -> None:
+    limits = ClientLimits(max_body=10_000, submit_blobs=6_000)
+    blobs = {"a": b"1" * 3_000, "b": b"2" * 4_000, "c": b"3" * 2_000}
+    # a and c fit within submit_blobs (b would pass it after a)
+    assert list(carried(100, blobs, limits)) == ["a", "c"]
+    # with large items, only what still fits in the body goes
+    assert list(carried(6_500, blobs, limits)) == ["c"]
+    # a plane that takes no blobs in a submit gets none
+    assert carried(100, blobs, ClientLimits(max_body=10_000)) == {}
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[LocalServer]:
+    server = LocalServer(tmp_path / "plane.db")
+    server.start()
+    yield server
+    server.stop()
+
+
+def _dispatch(server: LocalServer, role: str) -> dls.Dispatch:
+    assert server.admin_token is not None
+    with dls.Dispatch(server.url, token=server.admin_token) as admin:
+        token = admin.transport.create_token(role)["token"]  # type: ignore[attr-defined]
+    return dls.Dispatch(server.url, token=token)
+
+
+class Requests:
+    """The (method, path, body fields) of every call a transport makes."""
+
+    def __init__(self, transport: HttpTransport, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seen: list[tuple[str, str, frozenset[str]]] = []
+        call_raw, blob = transport._call_raw, transport._blob
+
+        def spy_call(method: str, target: Any, body: Any, **kw: Any) -> Any:
+            self.seen.append((method, target.path, frozenset(body or ())))
+            return call_raw(method, target, body, **kw)
+
+        def spy_blob(method: str, target: Any, data: Any) -> Any:
+            self.seen.append((method, target.path.split("?")[0], frozenset()))
+            return blob(method, target, data)
+
+        monkeypatch.setattr(transport, "_call_raw", spy_call)
+        monkeypatch.setattr(transport, "_blob", spy_blob)
+
+    def paths(self) -> list[tuple[str, str]]:
+        return [(m, p) for m, p, _ in self.seen]
+
+
+def _worker(dp: dls.Dispatch, queue: str) -> tuple[threading.Event, threading.Thread]:
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=dls.run_worker,
+        args=(dls.SyncQueue(queue, dispatch=dp),),
+        kwargs={"stop": stop.is_set},
+        daemon=True,
+    )
+    thread.start()
+    return stop, thread
+
+
+def test_the_sdk_submits_a_large_call_in_one_request(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a producer and a worker on a served plane, the queue made and the plane asked
+    with _dispatch(served, "producer") as producer, _dispatch(served, "worker") as worker:
+        transport = producer.transport
+        assert isinstance(transport, HttpTransport)
+        q = dls.SyncQueue("big", dispatch=producer)
+        q.submit(_size, b"warm")  # the function body goes here (it is small)
+        seen = Requests(transport, monkeypatch)
+        stop, thread = _worker(worker, "big")
+        try:
+            # When a call with arguments over the inline limit is submitted
+            arg = b"y" * (300 * 1024)
+            inv = q.submit(_size, arg)
+            # Then it took one request, which carried the argument blob
+            assert seen.paths() == [("POST", "/v1/invocations")]
+            assert "blobs" in seen.seen[0][2]
+            # and the worker ran it with those arguments
+            assert q.result(inv, timeout=30) == len(arg)
+            # When the same arguments go again: the plane has them, nothing is carried
+            seen.seen.clear()
+            assert q.result(q.submit(_size, arg), timeout=30) == len(arg)
+            assert seen.seen[0] == ("POST", "/v1/invocations", frozenset({"invocations"}))
+        finally:
+            stop.set()
+            thread.join(timeout=30)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"submit_blobs": 0}, {"max_body": 200 * 1024}],
+    ids=["a plane that takes blobs by upload only", "a blob too large for one body"],
+)
+def test_blobs_a_submit_cannot_carry_are_uploaded_first(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch, limits: dict[str, int]
+) -> None:
+    # Given a client whose plane takes no blobs in a submit, or not one this large
+    with _dispatch(served, "producer") as producer, _dispatch(served, "worker") as worker:
+        transport = producer.transport
+        assert isinstance(transport, HttpTransport)
+        transport.hello()
+        monkeypatch.setattr(transport, "_limits", dataclasses.replace(transport.limits, **limits))
+        q = dls.SyncQueue("big", dispatch=producer)
+        q.submit(_size, b"warm")
+        seen = Requests(transport, monkeypatch)
+        stop, thread = _worker(worker, "big")
+        try:
+            # When a call with arguments over the inline limit is submitted
+            arg = b"z" * (300 * 1024)
+            inv = q.submit(_size, arg)
+            # Then its blob was asked about and uploaded, then the call submitted
+            digest = wire.digest(_call(arg).blobs.popitem()[1])
+            assert seen.paths() == [
+                ("POST", "/v1/blobs/missing"),
+                ("PUT", f"/v1/blobs/{digest}"),
+                ("POST", "/v1/invocations"),
+            ]
+            assert seen.seen[-1][2] == frozenset({"invocations"})
+            assert q.result(inv, timeout=30) == len(arg)
+        finally:
+            stop.set()
+            thread.join(timeout=30)
