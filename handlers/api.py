@@ -85,10 +85,11 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
         return apigw.query(app.current_event.raw_event)
 
     def raw_bytes(app: APIGatewayHttpResolver, next_middleware: NextMiddleware) -> Response[Any]:
-        """On ``lakeshore serve`` a bytes answer goes out as it is (no base64 both ways)."""
+        """On ``lakeshore serve`` a bytes answer goes out as it is: no base64 both ways,
+        and no copy (a view of the bytes, which :func:`apigw.http_response` unwraps)."""
         response: Response[Any] = next_middleware(app)
         if isinstance(response.body, bytes) and apigw.raw_bodies(app.current_event.raw_event):
-            response.body = bytearray(response.body)
+            response.body = memoryview(response.body)
         return response
 
     app.use(middlewares=[raw_bytes])

@@ -37,8 +37,9 @@ def request_body(event: Mapping[str, Any]) -> bytes:
 
 def raw_bodies(event: Mapping[str, Any]) -> bool:
     """Whether bodies may stay bytes both ways (``lakeshore serve``): the answer to such
-    an event may carry a ``bytearray`` body, which powertools passes on as it is and
-    :func:`http_response` sends unchanged — no base64 round trip of a megabyte blob."""
+    an event may carry a ``memoryview`` of its bytes (or a ``bytearray``), which
+    powertools passes on as it is and :func:`http_response` hands back as those bytes —
+    no base64 round trip of a megabyte blob, and no copy of it."""
     return bool(event.get(_RAW))
 
 
@@ -113,7 +114,9 @@ def http_event(
 def http_response(result: Mapping[str, Any]) -> tuple[int, list[tuple[str, str]], bytes]:
     """Status, headers and body bytes of a handler's answer."""
     raw = result.get("body") or ""
-    if isinstance(raw, bytearray | memoryview):
+    if isinstance(raw, memoryview) and isinstance(raw.obj, bytes) and raw.nbytes == len(raw.obj):
+        body = raw.obj  # a view of a whole bytes object: that object, not a copy
+    elif isinstance(raw, bytearray | memoryview):
         body = bytes(raw)
     elif result.get("isBase64Encoded"):
         body = base64.b64decode(raw)

@@ -1,13 +1,16 @@
-"""How a worker reads a large argument blob from a remote plane: one hash of its bytes,
-and still never a tampered one run.
+"""How a large blob is read from a remote plane: served without copies, hashed once by
+the worker, and still never run when tampered with.
 
-A process worker's job process reads an argument blob over the transport itself; the
-executor checks every blob against its digest before loading it, so the read does not
-hash the bytes a second time (``HttpTransport.get_blob(..., check=False)``).
+``lakeshore serve`` hands a blob's bytes to the HTTP server as the store read them (the
+handler's answer is a view of them, not a copy). A process worker's job process reads
+an argument blob over the transport itself; the executor checks every blob against its
+digest before loading it, so the read does not hash the bytes a second time
+(``HttpTransport.get_blob(..., check=False)``).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 from collections.abc import Callable, Iterator
@@ -19,8 +22,13 @@ import pytest
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore import wire
+from dreamlake.lakeshore.api import Service, bootstrap_admin
 from dreamlake.lakeshore.errors import InvalidRequest
+from dreamlake.lakeshore.handlers import apigw
+from dreamlake.lakeshore.handlers.api import make_app
+from dreamlake.lakeshore.plane import Plane
 from dreamlake.lakeshore.server import LocalServer
+from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.worker.pool import ProcessWorker
 
 
@@ -37,6 +45,41 @@ def _token(server: LocalServer, role: str) -> str:
     with dls.Dispatch(server.url, token=server.admin_token) as admin:
         secret = admin.transport.create_token(role)["token"]  # type: ignore[attr-defined]
     return str(secret)
+
+
+def test_serve_answers_a_blob_with_the_bytes_the_store_read_and_lambda_in_base64(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a plane holding a blob, behind the API's router
+    plane = Plane(SqliteStore(":memory:"))
+    token = bootstrap_admin(plane)
+    data = b"blob bytes" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    plane.put_blob(digest, data)
+    read: list[bytes] = []
+    get_blob = plane.store.get_blob
+
+    def reading(d: str) -> bytes | None:
+        got = get_blob(d)
+        assert got is not None
+        read.append(got)
+        return got
+
+    monkeypatch.setattr(plane.store, "get_blob", reading)
+    app = make_app(Service(plane))
+    headers = {"authorization": f"Bearer {token}"}
+    try:
+        # When lakeshore serve (bodies kept as bytes) asks for it
+        event = apigw.http_event("GET", f"/v1/blobs/{digest}", headers=headers, raw_body=True)
+        status, _, body = apigw.http_response(app.resolve(event, None))
+        # Then the answer's body is the very bytes object the store read: no copy
+        assert status == 200 and body is read[-1] and body == data
+        # When API Gateway (bodies in base64) asks for it: the same bytes, in base64
+        answer = app.resolve(apigw.http_event("GET", f"/v1/blobs/{digest}", headers=headers), None)
+        assert answer["isBase64Encoded"] and base64.b64decode(answer["body"]) == data
+        assert apigw.http_response(answer)[2] == data
+    finally:
+        plane.close()
 
 
 def test_a_blob_read_unchecked_is_the_stored_bytes_and_checked_is_refused(
