@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import http.client
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.http.plain import PlainConnection
 from dreamlake.lakeshore.plane.ids import group_ids, group_of
 from dreamlake.lakeshore.testing import LakeshoreServer
 
@@ -24,20 +24,20 @@ class Counter:
 
     def __init__(self) -> None:
         self.paths: list[str] = []
-        self._orig = http.client.HTTPConnection.request
+        self._orig = PlainConnection.exchange
 
     def __enter__(self) -> Counter:
         orig, paths = self._orig, self.paths
 
-        def request(conn: http.client.HTTPConnection, method: str, url: str, *a, **k):  # type: ignore[no-untyped-def]
-            paths.append(f"{method} {url.split('?')[0]}")
-            return orig(conn, method, url, *a, **k)
+        def exchange(conn: PlainConnection, method: str, path: str, *a, **k):  # type: ignore[no-untyped-def]
+            paths.append(f"{method} {path.split('?')[0]}")
+            return orig(conn, method, path, *a, **k)
 
-        http.client.HTTPConnection.request = request  # type: ignore[method-assign]
+        PlainConnection.exchange = exchange  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        http.client.HTTPConnection.request = self._orig  # type: ignore[method-assign]
+        PlainConnection.exchange = self._orig  # type: ignore[method-assign]
 
     def count(self, what: str) -> int:
         return sum(1 for p in self.paths if p == what)
