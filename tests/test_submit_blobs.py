@@ -4,7 +4,8 @@ of a question about them, an upload of each and the submit.
 The API checks each carried blob against its digest and stores them before the
 invocations; bad input is a 4xx that stores nothing. The HTTP client carries what fits
 in one body on a plane that says it takes blobs there (hello's ``submit_blobs``) and
-uploads the rest first, as before.
+uploads the rest first, as before. It sends that body in parts, each large blob as it
+is, never copied into one buffer with the rest.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import http.client
 import json
+import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +34,8 @@ from dreamlake.lakeshore.handlers import apigw
 from dreamlake.lakeshore.handlers.api import make_app
 from dreamlake.lakeshore.http import HttpTransport
 from dreamlake.lakeshore.http import Limits as ClientLimits
-from dreamlake.lakeshore.http.limits import carried
+from dreamlake.lakeshore.http.connections import Target, new_connection, request_once
+from dreamlake.lakeshore.http.limits import carried, carrying_body
 from dreamlake.lakeshore.plane import Plane
 from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.stores import SqliteStore
@@ -190,6 +195,71 @@ def test_carried_takes_the_blobs_that_fit_in_order() -> None:
     assert carried(100, blobs, ClientLimits(max_body=10_000)) == {}
 
 
+@pytest.mark.parametrize(
+    "sizes",
+    [[], [0], [10, 70_000, 1 << 20], list(range(20))],
+    ids=["none", "an empty blob", "bin 8, 16 and 32", "a map of more than 15"],
+)
+def test_a_carrying_body_in_parts_is_the_msgpack_of_the_whole(sizes: list[int]) -> None:
+    items = [{"id": f"i{n}", "queue": "q", "payload": b"p" * 300, "delay": 0.0} for n in range(3)]
+    blobs = {f"{n:064x}": os.urandom(size) for n, size in enumerate(sizes)}
+    parts = carrying_body(items, blobs)
+    assert b"".join(parts) == msgpack.packb({"invocations": items, "blobs": blobs})
+    # and each blob's bytes are a part of their own: the very object, not a copy
+    assert all(any(part is data for part in parts) for data in blobs.values() if data)
+
+
+def _echo_server() -> tuple[int, list[bytes]]:
+    """A loopback server that reads one request (Content-Length framed) and answers 200;
+    the list gets the request's head and body."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        with conn, listener:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            )
+            while len(body) < length:
+                body += conn.recv(1 << 20)
+            seen.extend([head, body])
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    threading.Thread(target=run, daemon=True).start()
+    return int(listener.getsockname()[1]), seen
+
+
+@pytest.mark.parametrize("client", ["plain", "http.client"])
+def test_a_body_in_parts_arrives_whole_with_its_length(client: str) -> None:
+    # Given a body of many parts, more than one sendmsg takes, and a large one
+    parts = [b"%d," % n for n in range(1500)] + [os.urandom(1 << 20), b"end"]
+    port, seen = _echo_server()
+    origin = ("http", "127.0.0.1", port)
+    if client == "plain":
+        conn = new_connection(origin, 10.0, None)
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10.0)  # as for TLS
+    # When it is sent
+    try:
+        target = Target(origin, "/v1/invocations", own=True)
+        answer = request_once(conn, "POST", target, parts, {"Content-Type": MP}, 10.0)
+    finally:
+        conn.close()
+    # Then the server got the parts in order, as one body of their summed length
+    assert (answer.status, answer.body) == (200, b"ok")
+    head, body = seen
+    assert body == b"".join(parts)
+    assert f"content-length: {len(body)}".encode() in head.lower()
+    assert b"transfer-encoding" not in head.lower()
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[LocalServer]:
     server = LocalServer(tmp_path / "plane.db")
@@ -206,22 +276,21 @@ def _dispatch(server: LocalServer, role: str) -> dls.Dispatch:
 
 
 class Requests:
-    """The (method, path, body fields) of every call a transport makes."""
+    """The (method, path, body fields) of every request a transport sends."""
 
     def __init__(self, transport: HttpTransport, monkeypatch: pytest.MonkeyPatch) -> None:
         self.seen: list[tuple[str, str, frozenset[str]]] = []
-        call_raw, blob = transport._call_raw, transport._blob
+        exchange = transport._exchange
 
-        def spy_call(method: str, target: Any, body: Any, **kw: Any) -> Any:
-            self.seen.append((method, target.path, frozenset(body or ())))
-            return call_raw(method, target, body, **kw)
+        def spy(method: str, target: Any, body: Any, headers: Any, timeout: float) -> Any:
+            fields: frozenset[str] = frozenset()
+            if body and headers.get("Content-Type") == MP:
+                raw = b"".join(body) if isinstance(body, list) else body
+                fields = frozenset(msgpack.unpackb(raw))
+            self.seen.append((method, target.path.split("?")[0], fields))
+            return exchange(method, target, body, headers, timeout)
 
-        def spy_blob(method: str, target: Any, data: Any) -> Any:
-            self.seen.append((method, target.path.split("?")[0], frozenset()))
-            return blob(method, target, data)
-
-        monkeypatch.setattr(transport, "_call_raw", spy_call)
-        monkeypatch.setattr(transport, "_blob", spy_blob)
+        monkeypatch.setattr(transport, "_exchange", spy)
 
     def paths(self) -> list[tuple[str, str]]:
         return [(m, p) for m, p, _ in self.seen]

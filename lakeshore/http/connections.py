@@ -24,10 +24,11 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .plain import PlainConnection
+from .plain import Body, PlainConnection
 
 __all__ = [
     "Answer",
+    "Body",
     "Origin",
     "Target",
     "ThreadConnections",
@@ -127,11 +128,12 @@ def request_once(
     conn: http.client.HTTPConnection,
     method: str,
     target: Target,
-    body: bytes | None,
+    body: Body | None,
     headers: Mapping[str, str],
     timeout: float,
 ) -> Answer:
-    """One request on ``conn`` (reopened if the server dropped it); no retry."""
+    """One request on ``conn`` (reopened if the server dropped it); no retry. A body
+    given as a list of parts is sent part after part, never joined."""
     if conn.sock is not None and dropped(conn.sock):
         conn.close()
     conn.timeout = timeout
@@ -146,8 +148,11 @@ def request_once(
         if will_close:
             conn.close()
         return Answer(status, fields, data)
+    sent = dict(headers)
+    if isinstance(body, list):  # (parts: http.client sends them one by one)
+        sent["Content-Length"] = str(sum(len(part) for part in body))
     try:
-        conn.request(method, target.path, body=body, headers=dict(headers))
+        conn.request(method, target.path, body=body, headers=sent)
         response = conn.getresponse()
         data = response.read()
     except BaseException:

@@ -4,7 +4,9 @@ Contract: :class:`Limits` holds what ``GET /v1/hello`` said (defaults for anythi
 left out or zeroed). :func:`batches` and :func:`size_batches` keep the order of the
 items and never yield an empty run; :func:`size_batches` also keeps each run's encoding
 within the body limit, except that an item too large on its own still goes, alone (the
-plane then refuses it with ``PayloadTooLarge``).
+plane then refuses it with ``PayloadTooLarge``). :func:`carried` picks the blobs a
+submit can carry within the limits, and :func:`carrying_body` encodes such a submit in
+parts that leave each blob's bytes where they are.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, TypeVar
 
 from ..wire import pack
 
-__all__ = ["ENVELOPE_ROOM", "Limits", "batches", "carried", "size_batches"]
+__all__ = ["ENVELOPE_ROOM", "Limits", "batches", "carried", "carrying_body", "size_batches"]
 
 #: room left for the pickle envelope around arguments kept inline (the plane's
 #: ``inline_payload`` bounds the whole payload; the SDK compares the arguments alone)
@@ -92,3 +94,32 @@ def carried(items_size: int, blobs: Mapping[str, bytes], limits: Limits) -> dict
             out[digest] = data
             room -= need
     return out
+
+
+def carrying_body(items: list[dict[str, Any]], blobs: Mapping[str, bytes]) -> list[bytes]:
+    """``{"invocations": items, "blobs": blobs}`` in msgpack, as parts: each blob's bytes
+    are a part of their own, after the header that names them, never copied into one
+    buffer with the rest (a megabyte copied is a megabyte of fresh memory faulted in)."""
+    head = [_MAP2, pack("invocations"), pack(items), pack("blobs"), _map_header(len(blobs))]
+    parts: list[bytes] = []
+    for digest, data in blobs.items():
+        head += [pack(digest), _bin_header(len(data))]
+        parts += [b"".join(head), data]
+        head = []
+    return parts or [b"".join(head)]
+
+
+#: msgpack: a map of two entries
+_MAP2 = b"\x82"
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x80 | n])
+    return b"\xde" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdf" + n.to_bytes(4, "big")
+
+
+def _bin_header(n: int) -> bytes:
+    if n < 1 << 8:
+        return b"\xc4" + n.to_bytes(1, "big")
+    return b"\xc5" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xc6" + n.to_bytes(4, "big")

@@ -23,11 +23,15 @@ import http.client
 import socket
 from collections.abc import Mapping
 
-__all__ = ["MAX_HEADER_BYTES", "PlainConnection"]
+__all__ = ["MAX_HEADER_BYTES", "Body", "PlainConnection"]
 
 #: bytes of status line and headers an answer may have
 MAX_HEADER_BYTES = 64 * 1024
 _READ = 256 * 1024
+#: buffers one sendmsg takes at most (Linux's IOV_MAX)
+_IOV_MAX = 1024
+#: a request body: bytes, or parts sent one after the other as they are
+Body = bytes | list[bytes]
 #: statuses whose answers have no body, whatever their headers say
 _NO_BODY = frozenset({204, 304})
 
@@ -49,23 +53,22 @@ class PlainConnection(http.client.HTTPConnection):
         self._rest = b""
 
     def exchange(
-        self, method: str, path: str, body: bytes | None, headers: Mapping[str, str]
+        self, method: str, path: str, body: Body | None, headers: Mapping[str, str]
     ) -> tuple[int, dict[str, str], bytes, bool]:
         """Send one request and read its answer: ``(status, headers, body, will_close)``
-        with lower-case header names (repeated ones joined with ", ")."""
+        with lower-case header names (repeated ones joined with ", "). A body given as
+        a list of parts goes out as those parts, one after the other."""
         if self.sock is None:
             self.connect()
         sock = self.sock
         assert sock is not None
+        parts = [] if body is None else body if isinstance(body, list) else [body]
         lines = [f"{method} {path} HTTP/1.1", f"Host: {self._host_header()}"]
         lines.extend(f"{k}: {v}" for k, v in headers.items())
         if body is not None or method in ("POST", "PUT", "PATCH"):
-            lines.append(f"Content-Length: {len(body or b'')}")
+            lines.append(f"Content-Length: {sum(len(part) for part in parts)}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        if body:
-            _send_all(sock, head, body)
-        else:
-            sock.sendall(head)
+        _send_all(sock, [head, *parts])
         while True:
             status, fields, will_close = self._read_head()
             if not 100 <= status < 200:
@@ -196,13 +199,13 @@ class PlainConnection(http.client.HTTPConnection):
         return b"".join(parts)
 
 
-def _send_all(sock: socket.socket, head: bytes, body: bytes) -> None:
-    """Write head and body without joining them (a large body is not copied)."""
-    view = memoryview(body)
-    sent = sock.sendmsg([head, view])
-    if sent >= len(head):
-        view = view[sent - len(head) :]
-    else:
-        sock.sendall(head[sent:])
-    if len(view):
-        sock.sendall(view)
+def _send_all(sock: socket.socket, parts: list[bytes]) -> None:
+    """Write the parts in order without joining them (a large body is not copied)."""
+    views = [memoryview(part) for part in parts if len(part)]
+    while views:
+        sent = sock.sendmsg(views[:_IOV_MAX])
+        while sent:
+            if sent < len(views[0]):
+                views[0] = views[0][sent:]
+                break
+            sent -= len(views.pop(0))

@@ -32,6 +32,7 @@ from ..wire import pack
 from .answers import decode_map, expect_ok, retry_after
 from .connections import (
     Answer,
+    Body,
     Origin,
     Target,
     ThreadConnections,
@@ -97,6 +98,14 @@ class Session:
         data, headers = self._encode(target, body)
         return expect_ok(self._exchange(method, target, data, headers, self.timeout + wait))
 
+    def _call_parts(self, method: str, path: str, parts: list[bytes]) -> dict[str, Any]:
+        """One API call whose msgpack body is already encoded, in parts that go out as
+        they are (a large blob among them is not copied into one buffer with the rest)."""
+        target = self._target(path)
+        headers = self._headers(target, accept=MSGPACK)
+        headers["Content-Type"] = MSGPACK
+        return decode_map(expect_ok(self._exchange(method, target, parts, headers, self.timeout)))
+
     def _encode(
         self, target: Target, body: dict[str, Any] | None
     ) -> tuple[bytes | None, dict[str, str]]:
@@ -132,7 +141,7 @@ class Session:
         self,
         method: str,
         target: Target,
-        body: bytes | None,
+        body: Body | None,
         headers: Mapping[str, str],
         timeout: float,
     ) -> Answer:

@@ -42,7 +42,7 @@ from ..plane.model import (
 from ..wire import pack, verified
 from .answers import date_offset, decode_map
 from .connections import origin_of
-from .limits import ENVELOPE_ROOM, Limits, batches, carried, size_batches
+from .limits import ENVELOPE_ROOM, Limits, batches, carried, carrying_body, size_batches
 from .session import Session, is_plane_path
 from .views import (
     claim_of,
@@ -232,7 +232,7 @@ class HttpTransport(Session):
             self.put_blob(digest, blobs[digest])
         if not take:
             return self._submit_items(items)
-        answer = self._call("POST", "/v1/invocations", {"invocations": items, "blobs": take})
+        answer = self._call_parts("POST", "/v1/invocations", carrying_body(items, take))
         ids = [str(i) for i in answer["ids"]]
         self._remember(ids)
         return ids
