@@ -65,7 +65,11 @@ class Changes:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._poll_interval = store.poll_interval
-        self._cond = threading.Condition()
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        #: claim waits sleep on this one (same lock): a wake meant for one of them is
+        #: never taken by a result wait
+        self._work = threading.Condition(lock)
         self._generation = 0
         self._waiters = 0
         #: claim waiters that a finish may unblock (capped queues)
@@ -86,11 +90,25 @@ class Changes:
     def generation(self) -> int:
         return self._generation
 
-    def notify(self) -> None:
+    def notify(self, waiters: int | None = None) -> None:
+        """A change: new work, or anything a claim wait may be waiting for. With
+        ``waiters`` (a submit of that many records) only that many claim waits are woken
+        at once; one that finds nothing for it passes the wake on (:meth:`pass_on`), so
+        one new job does not wake every idle worker of the process to look for it."""
         with self._cond:
             self._generation += 1
-            self._cond.notify_all()
+            if waiters is None:
+                self._work.notify_all()
+            else:
+                self._work.notify(waiters)
         self._tell()
+
+    def pass_on(self) -> None:
+        """A woken claim wait found nothing (its queues had no new work): wake the next
+        waiter that has not seen the change yet (one that has goes back to sleep)."""
+        with self._cond:
+            if self._waiters:
+                self._work.notify(1)
 
     def wait(
         self, since: int, timeout: float, *, finishes: bool = False, until: float | None = None
@@ -112,7 +130,7 @@ class Changes:
             self._finish_waiters += finishes
             self._ensure_poller()
             try:
-                self._cond.wait_for(lambda: self._generation != since or self._closed, timeout)
+                self._work.wait_for(lambda: self._generation != since or self._closed, timeout)
             finally:
                 self._waiters -= 1
                 self._finish_waiters -= finishes
@@ -244,7 +262,9 @@ class Changes:
                 self._finishes += 1  # always: a cursor wait reads it before it looks
             if new_work:
                 self._generation += 1
-            if new_work or (finish and self._finish_listeners > 0):
+            if new_work:
+                self._work.notify_all()
+            if finish and self._finish_listeners > 0:
                 self._cond.notify_all()
         for entry, rec in due:
             entry.callback(rec)
@@ -260,6 +280,7 @@ class Changes:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            self._work.notify_all()
         self._tell()
 
     # --- cross-process polling -------------------------------------------------------

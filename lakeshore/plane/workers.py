@@ -43,6 +43,7 @@ class WorkerOps(PlaneBase):
         if limit < 1:
             raise InvalidRequest("claim limit must be at least 1")
         deadline = time.monotonic() + max(0.0, wait)
+        seen: int | None = None
         while True:
             if self._changes.closed:
                 return []  # the plane is closing: answer empty, promptly
@@ -52,6 +53,9 @@ class WorkerOps(PlaneBase):
             claims = self._claim_now(
                 queues, worker, limit, lease_seconds or self.lease_seconds, capped
             )
+            if not claims and seen is not None and generation != seen:
+                self._changes.pass_on()  # woken for work that is not ours: wake another
+            seen = generation
             remaining = deadline - time.monotonic()
             if claims or remaining <= 0 or (should_stop is not None and should_stop()):
                 return claims
