@@ -244,6 +244,11 @@ class PlaneASGI:
         #: parked requests' wake-ups (event loop only) → what each waits for
         self._parked: dict[asyncio.Future[Answer | None], Park] = {}
         self._wake_due = False
+        #: claim waits the changes since the last wake are worth waking (None: all), and
+        #: the queues of that work (None: any)
+        self._wake_budget: int | None = 0
+        self._wake_queues: set[str] | None = set()
+        self._wake_lock = threading.Lock()
         self._loop_thread = 0
         self._unsubscribe = changes.subscribe(self._on_change) if changes is not None else None
 
@@ -362,12 +367,17 @@ class PlaneASGI:
         loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         until: float | None = None
+        woken = False
         while True:
             with changes.parking() as parked:
                 answer = self._resolve(event)
             park = parked()
             if park is None:
                 return answer
+            if woken:
+                # Woken for work another claim took already: the wake goes to the next
+                # claim on its queues that has not seen it.
+                self._pass_on(park.queues)
             until = park.until if until is None else until
             left = until - time.monotonic()
             if left <= 0:
@@ -392,14 +402,26 @@ class PlaneASGI:
                     timer.cancel()
                 changes.unhold(park)
                 del self._parked[waiter], self._waiting[waiter]
+            woken = park.kind == "generation" and changes.changed(park)
 
-    def _on_change(self) -> None:
+    def _on_change(self, waiters: int | None, queues: frozenset[str]) -> None:
         """From whichever thread changed the plane: wake the parked requests it may
-        concern (once per loop turn, however many changes came in between)."""
+        concern (once per loop turn, however many changes came in between). A submit
+        of n records wakes n parked claims (``waiters``), not every idle worker's."""
         loop = self._loop
-        if not self._parked or self._wake_due or loop is None:
+        if not self._parked or loop is None:
             return
-        self._wake_due = True
+        with self._wake_lock:
+            budget = self._wake_budget
+            self._wake_budget = None if budget is None or waiters is None else budget + waiters
+            if self._wake_queues is not None:
+                if queues and waiters is not None:
+                    self._wake_queues |= queues
+                else:
+                    self._wake_queues = None
+            if self._wake_due:
+                return
+            self._wake_due = True
         try:
             if threading.get_ident() == self._loop_thread:
                 loop.call_soon(self._wake)
@@ -409,11 +431,33 @@ class PlaneASGI:
             self._wake_due = False
 
     def _wake(self) -> None:
-        self._wake_due = False  # first: a change from here on schedules another wake
+        with self._wake_lock:  # first: a change from here on schedules another wake
+            self._wake_due = False
+            budget, self._wake_budget = self._wake_budget, 0
+            queues, self._wake_queues = self._wake_queues, set()
         changes = cast("Changes", self.changes)
         for waiter, park in list(self._parked.items()):
-            if changes.changed(park) and not waiter.done():
-                waiter.set_result(None)
+            if not changes.changed(park) or waiter.done():
+                continue
+            if park.kind == "generation" and budget is not None:
+                if queues and park.queues and not park.queues & queues:
+                    continue  # the new work is on other queues
+                if budget <= 0:
+                    continue  # not woken by this change: a pass-on or its nap wakes it
+                budget -= 1
+            waiter.set_result(None)
+
+    def _pass_on(self, queues: frozenset[str]) -> None:
+        """Wake the next parked claim on any of ``queues`` (all: when not known) that has
+        not seen the latest change."""
+        changes = cast("Changes", self.changes)
+        for waiter, park in self._parked.items():
+            if park.kind != "generation" or waiter.done() or not changes.changed(park):
+                continue
+            if queues and park.queues and not park.queues & queues:
+                continue
+            waiter.set_result(None)
+            return
 
     @staticmethod
     def _event(scope: Scope, headers: dict[str, str], body: bytes) -> dict[str, Any]:

@@ -1181,7 +1181,7 @@ def test_a_cursor_wait_moves_past_other_finishes_and_still_answers_its_own(
 def test_a_parking_claim_answers_at_once_and_says_what_it_waits_for(plane: Plane) -> None:
     changes = plane.changes
     told: list[int] = []
-    unsubscribe = changes.subscribe(lambda: told.append(changes.generation))
+    unsubscribe = changes.subscribe(lambda n, queues: told.append((n, queues)))
     began = time.monotonic()
     with changes.parking() as parked:
         assert plane.claim([QUEUE], "w1", wait=30) == []
@@ -1192,7 +1192,9 @@ def test_a_parking_claim_answers_at_once_and_says_what_it_waits_for(plane: Plane
     assert not changes.changed(park)
     # a submit is the change it waits for, and subscribers are told of it
     submit(plane)
-    assert changes.changed(park) and told
+    # (worth waking one claim wait, on the submit's queue)
+    assert changes.changed(park) and told == [(1, frozenset({QUEUE}))]
+    assert park.queues == frozenset({QUEUE})
     with changes.parking() as parked:
         (claim,) = plane.claim([QUEUE], "w1", wait=30)
     assert parked() is None and claim.id == "job-1"

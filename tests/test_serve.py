@@ -7,6 +7,7 @@ through :class:`~dreamlake.lakeshore.server.LocalServer`.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.client
 import json
@@ -517,3 +518,52 @@ def test_a_parked_result_wait_answers_when_its_invocation_finishes(tmp_path: Pat
         )
         assert again == {"claims": []} and 0.55 < time.monotonic() - began < 3
         conn.close()
+
+
+def test_a_submit_wakes_as_many_parked_claims_as_records_and_a_wake_is_passed_on(
+    tmp_path: Path,
+) -> None:
+    # The adapter's wake-up bookkeeping, on its own event loop with parks as a server
+    # holds them: five claims parked before a submit of one record, one result wait.
+    from dreamlake.lakeshore.plane import Plane
+    from dreamlake.lakeshore.plane.changes import Park
+    from dreamlake.lakeshore.server import PlaneASGI
+    from dreamlake.lakeshore.stores import SqliteStore
+
+    plane = Plane(SqliteStore(":memory:"))
+    changes = plane.changes
+    asgi = PlaneASGI(lambda event, ctx: {}, changes=changes, parks=lambda m, p, n: True)  # type: ignore[arg-type,misc,return-value]
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        asgi._loop, asgi._loop_thread = loop, threading.get_ident()
+        gen, fin = changes.generation, changes.finishes
+        other = loop.create_future()  # parked first, on another queue
+        asgi._parked[other] = Park("generation", gen, 10.0, time.monotonic() + 10, False, {"b"})  # type: ignore[arg-type]
+        claims = [loop.create_future() for _ in range(5)]
+        result = loop.create_future()
+        for f in claims:
+            asgi._parked[f] = Park("generation", gen, 10.0, time.monotonic() + 10)
+        asgi._parked[result] = Park("finishes", fin, 10.0, time.monotonic() + 10)
+        changes.notify(1, {"a"})  # a submit of one record to queue "a"
+        await asyncio.sleep(0)
+        assert not other.done()  # the new work is not on its queue
+        assert [f.done() for f in claims] == [True, False, False, False, False]
+        assert not result.done()  # a submit is no finish
+        # the first found nothing: the next on its queue that has not seen it wakes
+        asgi._pass_on(frozenset({"a"}))
+        assert [f.done() for f in claims] == [True, True, False, False, False]
+        assert not other.done()
+        changes.notify()  # a change worth every wait (a release, a sweep)
+        await asyncio.sleep(0)
+        assert all(f.done() for f in claims) and other.done() and not result.done()
+        again = loop.create_future()
+        asgi._parked[again] = Park("generation", gen, 10.0, time.monotonic() + 10)  # stale
+        changes._finishes += 1
+        changes._tell(0)  # a finish: result waits wake, claim waits do not
+        await asyncio.sleep(0)
+        assert result.done() and not again.done()
+
+    asyncio.run(run())
+    asgi.close(timeout=1)
+    plane.close()

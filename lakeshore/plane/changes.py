@@ -54,6 +54,8 @@ class Park:
     until: float
     #: a claim on a capped queue: a finish may free a slot for it
     finishes: bool = False
+    #: the queues a claim waits on (empty: not known)
+    queues: frozenset[str] = frozenset()
 
 
 class _Parking(threading.local):
@@ -83,25 +85,27 @@ class Changes:
         self._closed = False
         self._parking = _Parking()
         #: callbacks told of every change (parked requests); see :meth:`subscribe`
-        self._subscribers: list[Callable[[], None]] = []
+        self._subscribers: list[Callable[[int | None, frozenset[str]], None]] = []
 
     # --- generic wake-ups --------------------------------------------------------
     @property
     def generation(self) -> int:
         return self._generation
 
-    def notify(self, waiters: int | None = None) -> None:
+    def notify(self, waiters: int | None = None, queues: Iterable[str] = ()) -> None:
         """A change: new work, or anything a claim wait may be waiting for. With
         ``waiters`` (a submit of that many records) only that many claim waits are woken
         at once; one that finds nothing for it passes the wake on (:meth:`pass_on`), so
-        one new job does not wake every idle worker of the process to look for it."""
+        one new job does not wake every idle worker of the process to look for it.
+        ``queues`` names the queues the new work is on, when known (subscribers use it
+        to wake only parked claims on them)."""
         with self._cond:
             self._generation += 1
             if waiters is None:
                 self._work.notify_all()
             else:
                 self._work.notify(waiters)
-        self._tell()
+        self._tell(waiters, frozenset(queues))
 
     def pass_on(self) -> None:
         """A woken claim wait found nothing (its queues had no new work): wake the next
@@ -111,7 +115,13 @@ class Changes:
                 self._work.notify(1)
 
     def wait(
-        self, since: int, timeout: float, *, finishes: bool = False, until: float | None = None
+        self,
+        since: int,
+        timeout: float,
+        *,
+        finishes: bool = False,
+        until: float | None = None,
+        queues: Iterable[str] = (),
     ) -> bool:
         """Block until something changed after generation ``since``, or ``timeout``.
 
@@ -122,7 +132,7 @@ class Changes:
         parking: nothing was waited for, and the caller answers now.
         """
         if self._parking.on:
-            return self._park("generation", since, timeout, until, finishes)
+            return self._park("generation", since, timeout, until, finishes, frozenset(queues))
         with self._cond:
             if self._generation != since:
                 return True
@@ -176,10 +186,16 @@ class Changes:
             slot.on = False
 
     def _park(
-        self, kind: str, since: int, timeout: float, until: float | None, finishes: bool = False
+        self,
+        kind: str,
+        since: int,
+        timeout: float,
+        until: float | None,
+        finishes: bool = False,
+        queues: frozenset[str] = frozenset(),
     ) -> bool:
         end = time.monotonic() + timeout if until is None else until
-        self._parking.park = Park(kind, since, max(0.0, timeout), end, finishes)
+        self._parking.park = Park(kind, since, max(0.0, timeout), end, finishes, queues)
         return False
 
     def changed(self, park: Park) -> bool:
@@ -205,9 +221,15 @@ class Changes:
         else:
             self._finish_listeners += step
 
-    def subscribe(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback()`` (from the changing thread, outside any lock) after every
-        change a wait could be waiting for; returns a function that unsubscribes."""
+    def subscribe(
+        self, callback: Callable[[int | None, frozenset[str]], None]
+    ) -> Callable[[], None]:
+        """Call ``callback(n, queues)`` (from the changing thread, outside any lock)
+        after every change a wait could be waiting for; returns a function that
+        unsubscribes. ``n`` is how many claim waits the change is worth waking (a
+        submit's records, see :meth:`notify`; 0 for a finish that made no work), or None
+        for all of them; ``queues`` the queues of that work when known (else empty).
+        Result waits are woken by any finish."""
         with self._cond:
             self._subscribers = [*self._subscribers, callback]
 
@@ -217,9 +239,9 @@ class Changes:
 
         return unsubscribe
 
-    def _tell(self) -> None:
+    def _tell(self, waiters: int | None = None, queues: frozenset[str] = frozenset()) -> None:
         for callback in self._subscribers:
-            callback()
+            callback(waiters, queues)
 
     # --- result watches ------------------------------------------------------------
     def watch(self, ids: Iterable[str], callback: Callback) -> Callable[[], None]:
@@ -269,7 +291,7 @@ class Changes:
         for entry, rec in due:
             entry.callback(rec)
         if new_work or finish:
-            self._tell()
+            self._tell(None if new_work else 0)  # a finish alone is no work for claims
 
     @property
     def closed(self) -> bool:

@@ -43,7 +43,7 @@ class ProducerOps(PlaneBase):
         existing = self.store.insert_many(invs)
         for name in specs:
             self._touch(name, now)
-        self._changes.notify(len(invs))
+        self._changes.notify(len(invs), specs)
         for inv, found in zip(invs, existing, strict=True):
             if found is not None and found.request_digest != inv.request_digest:
                 raise IdempotencyConflict(f"invocation {inv.id!r} exists with a different request")

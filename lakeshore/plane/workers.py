@@ -65,6 +65,7 @@ class WorkerOps(PlaneBase):
                 min(remaining, self._next_due_in(queues)),
                 finishes=any(capped),
                 until=deadline,
+                queues=queues,
             ):
                 return claims  # parked: the event loop holding the request asks again
 
