@@ -178,7 +178,7 @@ class DevServer(LocalServer):
     def open_plane(self) -> Plane:
         return self._open()
 
-    def answers_inline(self, method: str, path: str) -> bool:
+    def answers_inline(self, method: str, path: str, size: int = 0) -> bool:
         return False  # every plane call is a round trip to the emulator: use the threads
 
     def parks(self, method: str, path: str, size: int) -> bool:

@@ -74,6 +74,9 @@ GRACEFUL_SECONDS = 1.0
 _SHARED_POLL = 0.05
 #: the routes that may hold a request for up to ``max_wait``
 _WAITING_PATHS = frozenset({"/v1/claims", "/v1/invocations/wait"})
+#: a request with a body over this many bytes runs on a thread (a submit carrying its
+#: blobs: checking and writing megabytes would hold up every other request on the loop)
+INLINE_BODY = 64 * 1024
 #: a waiting request with a body up to this many bytes is parked on the event loop (a
 #: wait on many ids, costlier to look at again on each change, keeps its own thread)
 PARK_BODY = 4096
@@ -219,14 +222,14 @@ class PlaneASGI:
         *,
         max_body: int = DEFAULT_MAX_BODY,
         threads: int = DEFAULT_THREADS,
-        inline: Callable[[str, str], bool] | None = None,
+        inline: Callable[[str, str, int], bool] | None = None,
         parks: Callable[[str, str, int], bool] | None = None,
         changes: Changes | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
         self.resolver = resolver
-        #: requests ``inline(method, path)`` accepts are answered on the event loop itself
+        #: requests ``inline(method, path, body size)`` accepts are answered on the loop
         self.inline = inline
         #: requests ``parks(method, path, body size)`` accepts are parked (with ``changes``)
         self.parks = parks if changes is not None else None
@@ -334,7 +337,7 @@ class PlaneASGI:
             answer = _stopping_response(headers)
         elif self.parks is not None and self.parks(scope["method"], scope["path"], len(body)):
             answer = await self._answer_parked(self._event(scope, headers, body), headers)
-        elif self.inline is not None and self.inline(scope["method"], scope["path"]):
+        elif self.inline is not None and self.inline(scope["method"], scope["path"], len(body)):
             # Short requests skip the two thread hand-overs (~0.1 ms each under the GIL).
             answer = self._resolve(self._event(scope, headers, body))
         elif not self._take_thread():
@@ -615,15 +618,16 @@ class LocalServer:
         store.poll_interval = _SHARED_POLL
         return Plane(store)
 
-    def answers_inline(self, method: str, path: str) -> bool:
+    def answers_inline(self, method: str, path: str, size: int = 0) -> bool:
         """Whether a request is short enough to answer on the event loop.
 
-        With the SQLite plane every call but the waiting ones (claims, invocation waits)
-        and blob transfers takes well under a millisecond, so handing it to a thread and
-        back costs more than it saves. ``lakeshore dev`` answers everything on threads
-        (each of its plane calls is a round trip to the emulator).
+        With the SQLite plane every call but the waiting ones (claims, invocation waits),
+        blob transfers and large bodies (a submit carrying its blobs) takes well under a
+        millisecond, so handing it to a thread and back costs more than it saves.
+        ``lakeshore dev`` answers everything on threads (each of its plane calls is a
+        round trip to the emulator).
         """
-        return not (
+        return size <= INLINE_BODY and not (
             path in _WAITING_PATHS or path.startswith("/v1/blobs") or path.startswith("/v1/data")
         )
 

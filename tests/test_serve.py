@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from dreamlake.lakeshore import wire
-from dreamlake.lakeshore.server import PARK_BODY, LocalServer, serve_in_thread
+from dreamlake.lakeshore.server import INLINE_BODY, PARK_BODY, LocalServer, serve_in_thread
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -567,3 +567,16 @@ def test_a_submit_wakes_as_many_parked_claims_as_records_and_a_wake_is_passed_on
     asyncio.run(run())
     asgi.close(timeout=1)
     plane.close()
+
+
+def test_large_bodies_and_waits_go_to_threads_short_requests_stay_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    server = LocalServer(tmp_path / "plane.db")
+    assert server.answers_inline("POST", "/v1/invocations", 2_000)
+    # a submit carrying a megabyte of blobs would hold up every request on the loop
+    assert not server.answers_inline("POST", "/v1/invocations", INLINE_BODY + 1)
+    assert not server.answers_inline("PUT", "/v1/blobs/" + "0" * 64, 10)
+    assert not server.answers_inline("POST", "/v1/claims", 100)
+    assert server.parks("POST", "/v1/claims", 100)
+    assert not server.parks("POST", "/v1/invocations/wait", PARK_BODY + 1)
