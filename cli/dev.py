@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ..heap import keep_freed_memory
 from .common import run_server
 
 __all__ = ["dev"]
@@ -44,6 +45,7 @@ def dev(
         raise typer.Exit(2) from None
 
     logging.basicConfig(level=logging.WARNING, format="lakeshore dev: %(levelname)s %(message)s")
+    keep_freed_memory()
     if access_log:
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     stack = DevStack(

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from .. import config
+from ..heap import keep_freed_memory
 from .common import run_server
 
 __all__ = ["serve"]
@@ -45,6 +46,7 @@ def serve(
         raise typer.Exit(2) from None
 
     logging.basicConfig(level=logging.WARNING, format="lakeshore serve: %(levelname)s %(message)s")
+    keep_freed_memory()
     if access_log:
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     path = (plane or config.settings().default_plane_path).expanduser()

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..heap import keep_freed_memory
 from ..plane.model import DaemonRecord
 from .common import JsonOpt, PlaneOpt, TokenOpt, UrlOpt, emit, open_plane, when
 
@@ -47,6 +48,7 @@ def worker_start(
 
     from ..worker.daemon import Daemon
 
+    keep_freed_memory()
     with open_plane(url, token, plane) as dp:
         worker = Daemon(
             dp,
@@ -84,6 +86,7 @@ def daemon_start(
     """Run a fleet daemon: its queues and concurrency follow the plane's record."""
     from ..worker.daemon import Daemon
 
+    keep_freed_memory()
     with open_plane(url, token, plane) as dp:
         daemon = Daemon(
             dp,

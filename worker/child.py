@@ -17,6 +17,7 @@ from typing import Any
 
 from ..dispatch import Dispatch
 from ..errors import LakeshoreError
+from ..heap import keep_freed_memory
 from ..plane.model import Claim
 from ..wire import decode_payload
 
@@ -113,6 +114,7 @@ def child_main(
         return opened[0]
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    keep_freed_memory()
     for name in imports:
         importlib.import_module(name)
     pipe = _Sent(conn)
