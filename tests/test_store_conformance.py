@@ -10,6 +10,7 @@ sort and the core's order keys meet.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -1560,3 +1561,35 @@ def test_a_plane_files_blobs_are_files_beside_it_and_older_ones_still_read(
     assert s.get_blob("../plane.db") is None and s.has_blobs(["../plane.db"]) == set()
     s.close()
     other.close()
+
+
+# --- a plane file's WAL is copied into the file by a thread of its own ---------------------
+
+
+def test_a_plane_files_wal_is_checkpointed_in_the_background_not_by_a_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dreamlake.lakeshore.stores import sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "_CHECKPOINT_EVERY", 0.05)
+    s = SqliteStore(tmp_path / "plane.db")
+    db_file = tmp_path / "plane.db"
+    # writers leave the copying to the thread (past a high mark only would they do it)
+    assert s._db.execute("PRAGMA wal_autocheckpoint").fetchone()[0] >= 10_000
+    before = db_file.stat().st_size
+    # When about 2 MB of records are written (well under the writers' own mark)
+    s.insert_many([record(f"r{i}", payload=bytes(2000)) for i in range(1000)])
+    # Then the thread copies them into the file (it grows), and every record reads back
+    deadline = time.monotonic() + 10
+    while db_file.stat().st_size < before + 1_000_000:
+        assert time.monotonic() < deadline, "the WAL was not checkpointed"
+        time.sleep(0.02)
+    other = SqliteStore(tmp_path / "plane.db")
+    assert len(other.get_many([f"r{i}" for i in range(1000)])) == 1000
+    # And closing the store ends its thread
+    checkpointer = s._checkpointer
+    assert checkpointer is not None and checkpointer.alive
+    s.close()
+    assert not checkpointer.alive
+    other.close()
+    assert SqliteStore(":memory:")._checkpointer is None
