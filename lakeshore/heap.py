@@ -17,7 +17,6 @@ does nothing. An environment that sets either variable itself wins.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 __all__ = ["keep_freed_memory"]
@@ -34,12 +33,8 @@ def keep_freed_memory() -> bool:
     """Tune glibc's allocator for this process (see the module's notes); True when set."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ:
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
     try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the C library the interpreter runs on
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

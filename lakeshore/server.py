@@ -375,12 +375,13 @@ class PlaneASGI:
             with changes.parking() as parked:
                 answer = self._resolve(event)
             park = parked()
-            if park is None:
-                return answer
+            if park is None or changes.closed:
+                return answer  # (a closed plane answers every wait empty)
             if woken:
-                # Woken for work another claim took already: the wake goes to the next
-                # claim on its queues that has not seen it.
-                self._pass_on(park.queues)
+                # Woken for work it could not take (another took it, or it was on a
+                # queue this one does not claim): the next claim that has not seen the
+                # change gets the wake.
+                self._pass_on()
             until = park.until if until is None else until
             left = until - time.monotonic()
             if left <= 0:
@@ -390,9 +391,11 @@ class PlaneASGI:
             # thread from here on finds the waiter (see _on_change).
             self._waiting[waiter] = headers
             self._parked[waiter] = park
-            changes.hold(park)
+            held = False
             timer = None
             try:
+                changes.hold(park)
+                held = True
                 if self._stopping:
                     return _stopping_response(headers)
                 if not changes.changed(park):
@@ -403,7 +406,8 @@ class PlaneASGI:
             finally:
                 if timer is not None:
                     timer.cancel()
-                changes.unhold(park)
+                if held:
+                    changes.unhold(park)
                 del self._parked[waiter], self._waiting[waiter]
             woken = park.kind == "generation" and changes.changed(park)
 
@@ -417,7 +421,7 @@ class PlaneASGI:
         with self._wake_lock:
             budget = self._wake_budget
             self._wake_budget = None if budget is None or waiters is None else budget + waiters
-            if self._wake_queues is not None:
+            if self._wake_queues is not None and waiters != 0:  # (0: a finish, no work)
                 if queues and waiters is not None:
                     self._wake_queues |= queues
                 else:
@@ -450,17 +454,13 @@ class PlaneASGI:
                 budget -= 1
             waiter.set_result(None)
 
-    def _pass_on(self, queues: frozenset[str]) -> None:
-        """Wake the next parked claim on any of ``queues`` (all: when not known) that has
-        not seen the latest change."""
+    def _pass_on(self) -> None:
+        """Wake the next parked claim that has not seen the latest change."""
         changes = cast("Changes", self.changes)
         for waiter, park in self._parked.items():
-            if park.kind != "generation" or waiter.done() or not changes.changed(park):
-                continue
-            if queues and park.queues and not park.queues & queues:
-                continue
-            waiter.set_result(None)
-            return
+            if park.kind == "generation" and not waiter.done() and changes.changed(park):
+                waiter.set_result(None)
+                return
 
     @staticmethod
     def _event(scope: Scope, headers: dict[str, str], body: bytes) -> dict[str, Any]:

@@ -149,6 +149,8 @@ def test_a_body_ended_by_close_and_connection_close(serve: Callable[..., int]) -
         (b"SMTP ready\r\n\r\n", http.client.BadStatusLine),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", http.client.HTTPException),
         (b"HTTP/1.1 200 OK\r\nContent-Length: ten\r\n\r\n", http.client.HTTPException),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", http.client.HTTPException),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n", http.client.HTTPException),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", http.client.IncompleteRead),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", http.client.HTTPException),
         (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70_000, http.client.LineTooLong),

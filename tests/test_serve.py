@@ -550,10 +550,11 @@ def test_a_submit_wakes_as_many_parked_claims_as_records_and_a_wake_is_passed_on
         assert not other.done()  # the new work is not on its queue
         assert [f.done() for f in claims] == [True, False, False, False, False]
         assert not result.done()  # a submit is no finish
-        # the first found nothing: the next on its queue that has not seen it wakes
-        asgi._pass_on(frozenset({"a"}))
+        # the first found nothing: the next claim that has not seen the change wakes
+        asgi._pass_on()
+        assert other.done() and [f.done() for f in claims] == [True] + [False] * 4
+        asgi._pass_on()
         assert [f.done() for f in claims] == [True, True, False, False, False]
-        assert not other.done()
         changes.notify()  # a change worth every wait (a release, a sweep)
         await asyncio.sleep(0)
         assert all(f.done() for f in claims) and other.done() and not result.done()
@@ -580,3 +581,69 @@ def test_large_bodies_and_waits_go_to_threads_short_requests_stay_on_the_loop(
     assert not server.answers_inline("POST", "/v1/claims", 100)
     assert server.parks("POST", "/v1/claims", 100)
     assert not server.parks("POST", "/v1/invocations/wait", PARK_BODY + 1)
+
+
+def test_two_submits_in_one_turn_reach_a_claim_on_each_queue(tmp_path: Path) -> None:
+    # parked q1, q2, r1; a submit to q and one to r before the loop wakes anyone
+    from dreamlake.lakeshore.plane import Plane
+    from dreamlake.lakeshore.plane.changes import Park
+    from dreamlake.lakeshore.server import PlaneASGI
+    from dreamlake.lakeshore.stores import SqliteStore
+
+    plane = Plane(SqliteStore(":memory:"))
+    changes = plane.changes
+    asgi = PlaneASGI(lambda event, ctx: {}, changes=changes, parks=lambda m, p, n: True)  # type: ignore[arg-type,misc,return-value]
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        asgi._loop, asgi._loop_thread = loop, threading.get_ident()
+        gen = changes.generation
+        parked = {name: loop.create_future() for name in ("q1", "q2", "r1")}
+        for name, f in parked.items():
+            queues = frozenset({name[0]})
+            asgi._parked[f] = Park("generation", gen, 10.0, time.monotonic() + 10, False, queues)
+        changes.notify(1, {"q"})
+        changes._finishes += 1
+        changes._tell(0)  # a finish in the same turn changes nothing for claims
+        changes.notify(1, {"r"})
+        await asyncio.sleep(0)
+        woke = [n for n, f in parked.items() if f.done()]
+        assert woke == ["q1", "q2"]
+        # q1 took the q job, q2 found nothing: its pass-on reaches r1
+        asgi._pass_on()
+        assert parked["r1"].done()
+
+    asyncio.run(run())
+    asgi.close(timeout=1)
+    plane.close()
+
+
+def test_a_parked_request_answers_at_once_when_the_plane_closes(tmp_path: Path) -> None:
+    from dreamlake.lakeshore.plane import Plane
+    from dreamlake.lakeshore.server import PlaneASGI
+    from dreamlake.lakeshore.stores import SqliteStore
+
+    plane = Plane(SqliteStore(":memory:"))
+    changes = plane.changes
+    looks: list[int] = []
+
+    class Resolver:
+        def resolve(self, event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            looks.append(1)
+            changes.wait(changes.generation, 0.25, until=time.monotonic() + 10)  # parks
+            return {"statusCode": 200, "headers": {}, "body": "{}"}
+
+    asgi = PlaneASGI(Resolver(), changes=changes, parks=lambda m, p, n: True)
+
+    async def run() -> float:
+        task = asyncio.ensure_future(
+            asgi._answer_parked({"requestContext": {"requestId": "r"}}, {})
+        )
+        await asyncio.sleep(0.05)
+        began = time.monotonic()
+        plane.close()  # (without a server stop)
+        await asyncio.wait_for(task, 5)
+        return time.monotonic() - began
+
+    assert asyncio.run(run()) < 1 and len(looks) == 2  # looked again once, then answered
+    asgi.close(timeout=1)

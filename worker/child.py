@@ -66,7 +66,8 @@ class _Blobs:
     """The blobs a job reads: those its parent sent, else read from the plane by this
     process (a large argument blob comes straight here, not through the parent and the
     pipe). The executor checks each against its digest before it loads it, so a read
-    from a remote plane is not checked here too (that would hash every byte twice)."""
+    from a remote plane is not checked here too (that would hash every byte twice), and
+    is not kept: a damaged read is read again by the next job that needs it."""
 
     def __init__(self, limit: int, plane: Callable[[], Dispatch]) -> None:
         self.blobs: dict[str, bytes] = {}
@@ -80,10 +81,8 @@ class _Blobs:
 
             transport = self.plane().transport
             if isinstance(transport, HttpTransport):
-                data = transport.get_blob(digest, check=False)  # the executor checks it
-            else:
-                data = transport.get_blob(digest)
-            self.blobs[digest] = data
+                return transport.get_blob(digest, check=False)  # the executor checks it
+            data = transport.get_blob(digest)
         return data
 
     def inline_limit(self) -> int:

@@ -330,7 +330,7 @@ class Service(WorkerRoutes):
             raise InvalidRequest(f"blobs must hold at most {self.limits.max_batch} blobs")
         out = {}
         for digest, data in raw.items():
-            if not _DIGEST.fullmatch(digest):
+            if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
                 raise InvalidRequest("blobs are named by their sha256 (64 lower-case hex digits)")
             out[digest] = as_bytes(data, f"blobs[{digest[:12]}…]")
         return out

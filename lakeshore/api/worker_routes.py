@@ -94,16 +94,25 @@ class WorkerRoutes:
             wait = 0.0  # nothing waits inside the function: an empty answer says what to watch
         deadline = time.monotonic() + wait
         changes = self.plane.changes
+        seen: int | None = None
         while True:
             generation = changes.generation
             paused = self.pauses.paused(queues)
             open_queues = [q for q in queues if q not in paused]
             if open_queues:
                 break
+            if seen is not None and generation != seen:
+                changes.pass_on()  # woken for work it cannot take: wake another
+            seen = generation
             left = deadline - time.monotonic()
             # every queue named is paused: nothing to hand out (a server parking the
             # request asks again after the recheck)
-            if left <= 0 or not changes.wait(generation, min(left, _PAUSE_RECHECK), until=deadline):
+            recheck = min(left, _PAUSE_RECHECK)
+            if (
+                left <= 0
+                or changes.closed
+                or not changes.wait(generation, recheck, until=deadline, queues=queues)
+            ):
                 if wakes is not None:
                     return self._idle_answer(wakes, queues, [], body["worker"], limit, lease)
                 return {"claims": []}

@@ -78,13 +78,10 @@ class PlainConnection(http.client.HTTPConnection):
         elif "chunked" in fields.get("transfer-encoding", "").lower():
             data = self._read_chunked()
         elif "content-length" in fields:
-            try:
-                length = int(fields["content-length"])
-            except ValueError:
-                raise http.client.HTTPException("malformed Content-Length") from None
-            if length < 0:
+            declared = fields["content-length"]
+            if not declared.isdigit() or not declared.isascii():
                 raise http.client.HTTPException("malformed Content-Length")
-            data = self._read_exactly(length)
+            data = self._read_exactly(int(declared))
         else:  # the body ends when the server closes
             data = self._read_to_close()
             will_close = True
@@ -178,10 +175,9 @@ class PlainConnection(http.client.HTTPConnection):
         parts: list[bytes] = []
         while True:
             size_text = self._read_line().split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise http.client.HTTPException("malformed chunk size") from None
+            if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
+                raise http.client.HTTPException("malformed chunk size")
+            size = int(size_text, 16)
             if size == 0:
                 while self._read_line():  # trailers, up to the empty line
                     pass

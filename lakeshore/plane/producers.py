@@ -178,7 +178,7 @@ class ProducerOps(PlaneBase):
                 if left <= 0:
                     break
                 if self._changes.parks:  # held by an event loop: it asks again on a finish
-                    self._changes.wait_finish(count, left, until=deadline)
+                    self._changes.wait_finish(count, min(left, 0.25), until=deadline)
                     break
                 event.wait(min(left, 0.25))
         finally:
