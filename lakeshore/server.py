@@ -225,10 +225,14 @@ class PlaneASGI:
         inline: Callable[[str, str, int], bool] | None = None,
         parks: Callable[[str, str, int], bool] | None = None,
         changes: Changes | None = None,
+        fast: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
         self.resolver = resolver
+        #: answers what it can before the resolver does (None: ask the resolver); see
+        #: handlers.api.fast_path
+        self.fast = fast
         #: requests ``inline(method, path, body size)`` accepts are answered on the loop
         self.inline = inline
         #: requests ``parks(method, path, body size)`` accepts are parked (with ``changes``)
@@ -293,8 +297,12 @@ class PlaneASGI:
 
     def _resolve(self, event: dict[str, Any]) -> Answer:
         try:
-            ctx = _LocalContext(event["requestContext"]["requestId"])
-            return apigw.http_response(self.resolver.resolve(event, ctx))
+            fast = self.fast
+            result = fast(event) if fast is not None else None
+            if result is None:
+                ctx = _LocalContext(event["requestContext"]["requestId"])
+                result = self.resolver.resolve(event, ctx)
+            return apigw.http_response(result)
         except Exception:
             # The resolver turns every error it knows into an answer; this is a bug.
             log.exception("unhandled error answering %s", event.get("rawPath"))
@@ -640,7 +648,7 @@ class LocalServer:
         import uvicorn
 
         from .api import Service, bootstrap_admin, create_token
-        from .handlers.api import make_app
+        from .handlers.api import fast_path, make_app
 
         sock = _bind(self.host, self.port)
         try:
@@ -651,13 +659,15 @@ class LocalServer:
             self.bootstrapped = self.admin_token is not None
             if self.admin_token is None and self.new_admin_token:
                 self.admin_token, _ = create_token(self.plane, "admin", name="lakeshore serve")
+            app = thread_safe(make_app(service))
             self.asgi = PlaneASGI(
-                thread_safe(make_app(service)),
+                app,
                 max_body=service.limits.max_body,
                 threads=self.threads,
                 inline=self.answers_inline,
                 parks=self.parks,
                 changes=self.plane.changes,
+                fast=fast_path(app),
             )
             config = uvicorn.Config(
                 self.asgi,
