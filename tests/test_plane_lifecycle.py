@@ -1233,46 +1233,50 @@ def test_a_held_park_on_a_capped_queue_is_woken_by_a_finish(plane: Plane) -> Non
     assert changes.changed(park)
 
 
+def waiting(changes: Any, n: int) -> None:
+    """Return once ``n`` threads sleep in claim waits (nothing announces it: the
+    condition's own list of sleepers is looked at until it holds ``n``)."""
+    deadline = time.monotonic() + 5
+    while len(changes._work._waiters) < n:
+        assert time.monotonic() < deadline, "the claim waits did not start"
+        time.sleep(0.001)
+
+
 def test_a_submit_wakes_as_many_claim_waits_as_records_and_a_wake_is_passed_on(
     plane: Plane,
 ) -> None:
     changes = plane.changes
     woke: list[str] = []
-    lock = threading.Lock()
+    first = threading.Event()
 
     def wait(name: str) -> None:
         changes.wait(changes.generation, 5.0)
-        with lock:
-            woke.append(name)
+        woke.append(name)
+        first.set()
 
     # Given two claim waits asleep
     since = changes.generation
     threads = [threading.Thread(target=wait, args=(n,)) for n in ("a", "b")]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
-    while changes._waiters < 2:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    waiting(changes, 2)
     # When a submit of one record notifies
     changes.notify(1)
     assert changes.generation == since + 1
-    # Then one wakes (the other sleeps on, well inside its 5 s)
-    deadline = time.monotonic() + 3
-    while not woke:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.3)
-    assert len(woke) == 1
+    # Then one wakes and the other sleeps on (a notify takes its sleepers off at once)
+    assert len(changes._work._waiters) == 1
+    assert first.wait(3) and len(woke) == 1
     # And when that one found nothing and passes the wake on, the other wakes
     changes.pass_on()
+    assert not changes._work._waiters
     for t in threads:
         t.join(3)
     assert sorted(woke) == ["a", "b"]
 
 
 def test_a_claim_on_another_queue_than_the_submit_still_gets_its_work(plane: Plane) -> None:
-    # a wait on "other" may take the one wake of a submit to "jobs": it passes it on
+    # a wait on "other", asleep first, takes the one wake of a submit to "jobs": it
+    # finds nothing there and passes it on
     plane.ensure_queue(QueueSpec("other"))
     got: dict[str, list[Claim]] = {}
 
@@ -1280,9 +1284,9 @@ def test_a_claim_on_another_queue_than_the_submit_still_gets_its_work(plane: Pla
         got[queue] = plane.claim([queue], f"w-{queue}", wait=3)
 
     threads = [threading.Thread(target=claim, args=(q,)) for q in ("other", QUEUE)]
-    for t in threads:
+    for n, t in enumerate(threads, 1):
         t.start()
-        time.sleep(0.05)
+        waiting(plane.changes, n)
     submit(plane)
     threads[1].join(5)
     assert [c.id for c in got[QUEUE]] == ["job-1"]

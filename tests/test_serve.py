@@ -27,7 +27,16 @@ from typing import Any
 import pytest
 
 from dreamlake.lakeshore import wire
-from dreamlake.lakeshore.server import INLINE_BODY, PARK_BODY, LocalServer, serve_in_thread
+from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.plane.changes import Park
+from dreamlake.lakeshore.server import (
+    INLINE_BODY,
+    PARK_BODY,
+    LocalServer,
+    PlaneASGI,
+    serve_in_thread,
+)
+from dreamlake.lakeshore.stores import SqliteStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -520,23 +529,35 @@ def test_a_parked_result_wait_answers_when_its_invocation_finishes(tmp_path: Pat
         conn.close()
 
 
+def bare_adapter(resolver: Any = None) -> tuple[Plane, PlaneASGI]:
+    """The server's adapter over an in-memory plane, without a server: its wake-up
+    bookkeeping driven from an event loop of the test's own (see on_this_loop)."""
+
+    class Empty:
+        def resolve(self, event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            return {}
+
+    plane = Plane(SqliteStore(":memory:"))
+    parks = lambda method, path, size: True  # noqa: E731
+    return plane, PlaneASGI(resolver or Empty(), changes=plane.changes, parks=parks)
+
+
+def on_this_loop(asgi: PlaneASGI, loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop`` the adapter's, as its first parked request would."""
+    asgi._loop, asgi._loop_thread = loop, threading.get_ident()
+
+
 def test_a_submit_wakes_as_many_parked_claims_as_records_and_a_wake_is_passed_on(
     tmp_path: Path,
 ) -> None:
     # The adapter's wake-up bookkeeping, on its own event loop with parks as a server
     # holds them: five claims parked before a submit of one record, one result wait.
-    from dreamlake.lakeshore.plane import Plane
-    from dreamlake.lakeshore.plane.changes import Park
-    from dreamlake.lakeshore.server import PlaneASGI
-    from dreamlake.lakeshore.stores import SqliteStore
-
-    plane = Plane(SqliteStore(":memory:"))
+    plane, asgi = bare_adapter()
     changes = plane.changes
-    asgi = PlaneASGI(lambda event, ctx: {}, changes=changes, parks=lambda m, p, n: True)  # type: ignore[arg-type,misc,return-value]
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        asgi._loop, asgi._loop_thread = loop, threading.get_ident()
+        on_this_loop(asgi, loop)
         gen, fin = changes.generation, changes.finishes
         other = loop.create_future()  # parked first, on another queue
         asgi._parked[other] = Park("generation", gen, 10.0, time.monotonic() + 10, False, {"b"})  # type: ignore[arg-type]
@@ -565,9 +586,11 @@ def test_a_submit_wakes_as_many_parked_claims_as_records_and_a_wake_is_passed_on
         await asyncio.sleep(0)
         assert result.done() and not again.done()
 
-    asyncio.run(run())
-    asgi.close(timeout=1)
-    plane.close()
+    try:
+        asyncio.run(run())
+    finally:
+        asgi.close(timeout=1)
+        plane.close()
 
 
 def test_large_bodies_and_waits_go_to_threads_short_requests_stay_on_the_loop(
@@ -585,18 +608,12 @@ def test_large_bodies_and_waits_go_to_threads_short_requests_stay_on_the_loop(
 
 def test_two_submits_in_one_turn_reach_a_claim_on_each_queue(tmp_path: Path) -> None:
     # parked q1, q2, r1; a submit to q and one to r before the loop wakes anyone
-    from dreamlake.lakeshore.plane import Plane
-    from dreamlake.lakeshore.plane.changes import Park
-    from dreamlake.lakeshore.server import PlaneASGI
-    from dreamlake.lakeshore.stores import SqliteStore
-
-    plane = Plane(SqliteStore(":memory:"))
+    plane, asgi = bare_adapter()
     changes = plane.changes
-    asgi = PlaneASGI(lambda event, ctx: {}, changes=changes, parks=lambda m, p, n: True)  # type: ignore[arg-type,misc,return-value]
 
     async def run() -> None:
         loop = asyncio.get_running_loop()
-        asgi._loop, asgi._loop_thread = loop, threading.get_ident()
+        on_this_loop(asgi, loop)
         gen = changes.generation
         parked = {name: loop.create_future() for name in ("q1", "q2", "r1")}
         for name, f in parked.items():
@@ -613,19 +630,16 @@ def test_two_submits_in_one_turn_reach_a_claim_on_each_queue(tmp_path: Path) -> 
         asgi._pass_on()
         assert parked["r1"].done()
 
-    asyncio.run(run())
-    asgi.close(timeout=1)
-    plane.close()
+    try:
+        asyncio.run(run())
+    finally:
+        asgi.close(timeout=1)
+        plane.close()
 
 
 def test_a_parked_request_answers_at_once_when_the_plane_closes(tmp_path: Path) -> None:
-    from dreamlake.lakeshore.plane import Plane
-    from dreamlake.lakeshore.server import PlaneASGI
-    from dreamlake.lakeshore.stores import SqliteStore
-
-    plane = Plane(SqliteStore(":memory:"))
-    changes = plane.changes
     looks: list[int] = []
+    changes: Any = None
 
     class Resolver:
         def resolve(self, event: dict[str, Any], ctx: Any) -> dict[str, Any]:
@@ -633,13 +647,15 @@ def test_a_parked_request_answers_at_once_when_the_plane_closes(tmp_path: Path) 
             changes.wait(changes.generation, 0.25, until=time.monotonic() + 10)  # parks
             return {"statusCode": 200, "headers": {}, "body": "{}"}
 
-    asgi = PlaneASGI(Resolver(), changes=changes, parks=lambda m, p, n: True)
+    plane, asgi = bare_adapter(Resolver())
+    changes = plane.changes
 
     async def run() -> float:
         task = asyncio.ensure_future(
             asgi._answer_parked({"requestContext": {"requestId": "r"}}, {})
         )
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # one turn: the request looks once and parks
+        assert len(asgi._parked) == 1 and len(looks) == 1
         began = time.monotonic()
         plane.close()  # (without a server stop)
         await asyncio.wait_for(task, 5)
