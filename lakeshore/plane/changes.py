@@ -136,14 +136,12 @@ class Changes:
         with self._cond:
             if self._generation != since:
                 return True
-            self._waiters += 1
-            self._finish_waiters += finishes
+            self._count("generation", finishes, 1)
             self._ensure_poller()
             try:
                 self._work.wait_for(lambda: self._generation != since or self._closed, timeout)
             finally:
-                self._waiters -= 1
-                self._finish_waiters -= finishes
+                self._count("generation", finishes, -1)
         return True
 
     @property
@@ -159,12 +157,12 @@ class Changes:
         with self._cond:
             if self._finishes != since:
                 return True
-            self._finish_listeners += 1
+            self._count("finishes", False, 1)
             self._ensure_poller()
             try:
                 self._cond.wait_for(lambda: self._finishes != since or self._closed, timeout)
             finally:
-                self._finish_listeners -= 1
+                self._count("finishes", False, -1)
         return True
 
     # --- parking: waits held by an event loop instead of a thread -------------------
@@ -207,17 +205,19 @@ class Changes:
         """Count a parked request as a waiter (finishes and cross-process changes are
         then noticed for it) until :meth:`unhold`."""
         with self._cond:
-            self._hold(park, 1)
+            self._count(park.kind, park.finishes, 1)
             self._ensure_poller()
 
     def unhold(self, park: Park) -> None:
         with self._cond:
-            self._hold(park, -1)
+            self._count(park.kind, park.finishes, -1)
 
-    def _hold(self, park: Park, step: int) -> None:
-        if park.kind == "generation":
+    def _count(self, kind: str, finishes: bool, step: int) -> None:
+        """Count a wait in or out (under the lock): a claim wait ("generation"), one a
+        finish may unblock too (``finishes``), or a result wait ("finishes")."""
+        if kind == "generation":
             self._waiters += step
-            self._finish_waiters += step if park.finishes else 0
+            self._finish_waiters += step if finishes else 0
         else:
             self._finish_listeners += step
 
