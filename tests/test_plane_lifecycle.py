@@ -811,6 +811,32 @@ def test_claim_takes_up_to_limit_from_an_uncapped_queue(plane: Plane) -> None:
     assert [c.id for c in plane.claim([QUEUE], "w1", limit=3)] == ["job-0", "job-1", "job-2"]
 
 
+def test_a_claim_of_many_reads_the_queue_head_once_when_it_holds_fewer(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a queue holding 2 jobs (reads of its head counted: on DynamoDB each is a query)
+    for i in range(2):
+        submit(plane, f"job-{i}")
+    reads: list[int] = []
+    pending = plane.store.pending
+
+    def counted(queue: str, now: float, limit: int) -> list[Invocation]:
+        reads.append(limit)
+        return pending(queue, now, limit)
+
+    monkeypatch.setattr(plane.store, "pending", counted)
+    # When a worker asks for up to 8
+    assert [c.id for c in plane.claim([QUEUE], "w1", limit=8)] == ["job-0", "job-1"]
+    # Then the short read said the queue had no more: no second look
+    assert reads == [9]
+    # and a claim that got as many as it asked for looks no further either
+    for i in range(2, 6):
+        submit(plane, f"job-{i}")
+    reads.clear()
+    assert len(plane.claim([QUEUE], "w1", limit=2)) == 2
+    assert reads == [3]
+
+
 # =======================================================================================
 # watch and wait
 # =======================================================================================

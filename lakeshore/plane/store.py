@@ -101,7 +101,8 @@ class Store(Protocol):
         ...
 
     def pending(self, queue: str, now: float, limit: int) -> list[Invocation]:
-        """Pending invocations of ``queue`` with ``available_at <= now``, by ``order_key``."""
+        """Pending invocations of ``queue`` with ``available_at <= now``, by ``order_key``;
+        fewer than ``limit`` only when there were no more (the claim relies on it)."""
         ...
 
     def next_available_at(self, queue: str) -> float | None:

@@ -96,19 +96,21 @@ class WorkerOps(PlaneBase):
                     continue
                 if capped is not None:
                     capped.append(running_cap(spec) is not None)
-                while len(claims) < limit:
-                    got = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
+                more = True
+                while more and len(claims) < limit:
+                    got, more = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
                     claims.extend(got)
-                    if not got:
-                        break
+                    more = more and bool(got)
         for name in {c.queue for c in claims}:
             self._touch(name, self.clock.now())
         return claims
 
     def _claim_from(
         self, spec: QueueSpec, worker: str, want: int, lease_seconds: float
-    ) -> list[Claim]:
-        """One pass over the head of one queue; returns what it leased."""
+    ) -> tuple[list[Claim], bool]:
+        """One pass over the head of one queue: what it leased, and whether another pass
+        may find more (not when the read came back short and every lease held: the
+        queue had no more then, and what arrived since woke the claim's wait)."""
         now = self.clock.now()
         cap = running_cap(spec)
         boltzmann = spec.kind == "boltzmann"
@@ -123,6 +125,7 @@ class WorkerOps(PlaneBase):
             ordered = candidates
         got: list[Claim] = []
         rest = iter(ordered)
+        lost_any = False
         while len(got) < want:
             # Without a cap, the next as many as are still wanted at once; under a cap,
             # one at a time (a refusal may mean the cap is full).
@@ -132,11 +135,12 @@ class WorkerOps(PlaneBase):
             leased = self._lease_many(chunk, worker, now, lease_seconds, cap)
             got.extend(leased)
             lost = len(leased) < len(chunk)  # a race lost: the next ones are tried
+            lost_any = lost_any or lost
             if lost and cap is not None and self._at_cap(spec.name, cap):
                 break
         if boltzmann and got:
             self.store.queue_counter(spec.name, len(got))
-        return got
+        return got, lost_any or len(candidates) >= fetch
 
     def _at_cap(self, queue: str, cap: int) -> bool:
         return self.store.running(queue) >= cap
