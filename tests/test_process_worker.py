@@ -16,7 +16,12 @@ from typing import Any
 import pytest
 
 import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.errors import Unavailable
+from dreamlake.lakeshore.plane.model import Claim
+from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.wire import encode_exec
+from dreamlake.lakeshore.worker.child import _complete_here
+from dreamlake.lakeshore.worker.execute import Outcome
 from dreamlake.lakeshore.worker.pool import ProcessWorker
 
 
@@ -276,3 +281,93 @@ def test_a_sigterm_while_a_daemon_registers_stops_it_cleanly(
     assert daemon.worker is not None and daemon.worker._stopping.is_set()
     # And the handlers in place before are back
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+# --- a lone job's completion, sent by its job process ----------------------------------
+
+
+def loud(x: int) -> int:
+    print("working")
+    return x + 1
+
+
+@pytest.fixture
+def remote(tmp_path: Path) -> Iterator[tuple[dls.Dispatch, dls.Dispatch]]:
+    """A producer's and a worker's Dispatch on ``lakeshore serve``."""
+    server = LocalServer(tmp_path / "plane.db")
+    server.start()
+    try:
+        with dls.Dispatch(server.url, token=server.admin_token) as admin:
+            tokens = [admin.transport.create_token(r)["token"] for r in ("producer", "worker")]  # type: ignore[attr-defined]
+        with (
+            dls.Dispatch(server.url, token=tokens[0]) as producer,
+            dls.Dispatch(server.url, token=tokens[1]) as worker_dp,
+        ):
+            yield producer, worker_dp
+    finally:
+        server.stop()
+
+
+def parent_reports(monkeypatch: pytest.MonkeyPatch, dp: dls.Dispatch) -> list[list[str]]:
+    """The ids the worker's own process completes on the plane, call by call."""
+    sent: list[list[str]] = []
+    complete_many = dp.transport.complete_many
+
+    def counting(items: Any) -> Any:
+        sent.append([item[0] for item in items])
+        return complete_many(items)
+
+    monkeypatch.setattr(dp.transport, "complete_many", counting)
+    return sent
+
+
+def test_a_lone_silent_job_is_completed_by_its_job_process(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a process worker on a remote plane, doing nothing else
+    producer, worker_dp = remote
+    q = dls.SyncQueue("lone", dispatch=producer)
+    sent = parent_reports(monkeypatch, worker_dp)
+    with worker(worker_dp, "lone") as (w, _):
+        # When calls come one at a time, and their jobs print nothing
+        for i in range(3):
+            assert q.result(q.submit(square, i), timeout=60) == i * i
+        wait_for(lambda: w.completed == 3)
+    # Then each job process completed its job on the plane: the parent sent none
+    assert sent == []
+
+
+def test_a_job_that_prints_is_reported_by_the_parent_after_its_output(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a lone job that writes output
+    producer, worker_dp = remote
+    q = dls.SyncQueue("loud", dispatch=producer)
+    sent = parent_reports(monkeypatch, worker_dp)
+    with worker(worker_dp, "loud"):
+        inv = q.submit(loud, 1)
+        assert q.result(inv, timeout=60) == 2
+    # Then the parent reported it, once its output was on the plane
+    assert sent == [[inv]]
+    assert "".join(e.text for e in producer.transport.read_logs(inv)) == "working\n"
+
+
+def test_a_job_process_leaves_the_report_to_the_parent_when_it_cannot_send_it() -> None:
+    claim = Claim("i", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
+
+    def unreachable() -> dls.Dispatch:
+        raise Unavailable("the plane is away")
+
+    # a completion that does not reach the plane: the parent reports it (and retries)
+    assert not _complete_here(unreachable, claim, Outcome(ok=True, result=b"\x01"))
+    # a failure, a data manifest or result blobs: always the parent's (never sent here)
+    touched: list[bool] = []
+
+    def plane() -> dls.Dispatch:
+        touched.append(True)
+        raise AssertionError("not asked for")
+
+    assert not _complete_here(plane, claim, Outcome(ok=False, error={"type": "E"}))
+    assert not _complete_here(plane, claim, Outcome(ok=True, result=b"", manifest=["k"]))
+    assert not _complete_here(plane, claim, Outcome(ok=True, result=b"", blobs={"d": b"x"}))
+    assert touched == []

@@ -4,6 +4,11 @@ order, one at a time, and sends back output, progress and outcomes over its pipe
 A ``("skip", id)`` message cancels a claim sent earlier that has not started: the child
 reads every message waiting before it starts the next job, so a skip that follows its
 run is seen in time (the answer is ``("skipped", id)``).
+
+A claim sent as the worker's only job (``alone``) that ends well, wrote no output and
+has no result blobs is completed on the plane by this process, over its own connection,
+before it tells the parent (``("done", id, outcome, rss, True)``); any other outcome, or
+a completion that did not reach the plane, the parent reports.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from ..errors import LakeshoreError
 from ..heap import keep_freed_memory
 from ..plane.model import Claim
 from ..wire import decode_payload
+from .execute import Outcome
 
 __all__ = ["CHUNK", "child_main", "fn_of"]
 
@@ -45,9 +51,12 @@ class _Capture:
     def __init__(self, pipe: _Sent, stream: str) -> None:
         self.pipe, self.stream = pipe, stream
         self.job: str | None = None
+        #: whether the job wrote anything here
+        self.wrote = False
         self._buf = ""
 
     def write(self, text: str) -> int:
+        self.wrote = self.wrote or bool(text)
         self._buf += text
         if "\n" in self._buf or len(self._buf) > CHUNK:
             self.flush()
@@ -141,7 +150,7 @@ def child_main(
         msg = inbox.popleft()
         if msg[0] == "stop":
             return
-        _, claim, blobs = msg
+        _, claim, blobs, alone = msg
         fn = fn_of(claim)
         if fn is not None and fn in blobs:
             bodies.add(fn)  # the parent sends a body once: keep it even if this is skipped
@@ -152,8 +161,13 @@ def child_main(
             continue
         job = claim.id
         out.job = err.job = job
+        out.wrote = err.wrote = False
+        printed: list[bool] = []
 
-        def on_output(stream: str, text: str, job: str = job) -> None:
+        def on_output(
+            stream: str, text: str, job: str = job, printed: list[bool] = printed
+        ) -> None:
+            printed.append(True)
             pipe.send(("out", job, stream, text))
 
         def on_spawn(pid: int, job: str = job) -> None:
@@ -169,10 +183,25 @@ def child_main(
         out.flush()
         err.flush()
         out.job = err.job = None
+        silent = not (printed or out.wrote or err.wrote)
+        reported = alone and silent and _complete_here(job_plane, claim, outcome)
         for digest in [d for d in source.blobs if d not in bodies]:
             source.blobs.pop(digest, None)  # argument blobs go; function bodies stay
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        pipe.send(("done", job, outcome, rss_mb))
+        pipe.send(("done", job, outcome, rss_mb, reported))
+
+
+def _complete_here(plane: Callable[[], Dispatch], claim: Claim, outcome: Outcome) -> bool:
+    """Complete a claim that ended well, without a data manifest or result blobs, on the
+    plane from this process. True once the plane answered (accepting it, or refusing it:
+    a lease taken back is its decision); False leaves the report to the parent."""
+    if not outcome.ok or outcome.manifest is not None or outcome.blobs:
+        return False
+    try:
+        plane().transport.complete_many([(claim.id, claim.lease_token, outcome.result or b"")])
+    except Exception:
+        return False  # not sent, or no answer: the parent reports it (and retries)
+    return True
 
 
 def fn_of(claim: Claim) -> str | None:

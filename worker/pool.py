@@ -165,6 +165,9 @@ class ProcessWorker:
         #: a job process reads its large argument blob from the plane itself (a URL or a
         #: plane file it can open), not through this process and its pipe
         self._job_reads_blobs = dispatch.target != ":memory:"
+        #: a job process may complete a lone job over its own connection to a remote
+        #: plane (see :meth:`_alone`), saving the hand-over back to this process
+        self._job_reports = dispatch.target.startswith(("http://", "https://"))
         self._next_flush = 0.0
         #: at most this many claims wait in the buffer (fewer for longer jobs)
         self.prefetch = prefetch
@@ -407,9 +410,12 @@ class ProcessWorker:
                     self._reporting = False
                     self._cv.notify_all()
 
-    def _record(self, claim: Claim, outcome: Outcome) -> None:
+    def _record(self, claim: Claim, outcome: Outcome, *, reported: bool = False) -> None:
         with self._cv:
             self.completed += 1
+            if reported:  # the job process completed it on the plane itself
+                self._cv.notify_all()
+                return
             # The only outcome and nothing else to do: report it from here, which saves
             # the hand-over to the reporter on a lone job's path. Otherwise the
             # reporter sends it with the others.
@@ -491,16 +497,29 @@ class ProcessWorker:
             }
             self._record(claim, Outcome(ok=False, error=error, retryable=False))
             return
+        alone = not behind and self._alone(slot)
         if behind:
             with self._lock:
                 slot.queued.append(claim)
         else:
             self._begin(slot, claim)
-        slot.conn.send(("run", claim, blobs))
+        slot.conn.send(("run", claim, blobs, alone))
         if fn is not None:
             slot.sent.add(fn)
         if self._on_claimed is not None:
             self._on_claimed(claim)
+
+    def _alone(self, slot: _Slot) -> bool:
+        """Whether a job starting on ``slot`` now is the only thing this worker does: then
+        its job process may complete it on the plane itself when it ends well, wrote no
+        output and has no blobs to upload (one hand-over fewer on a lone call's path;
+        with more going on, this process reports outcomes in batches)."""
+        if not self._job_reports:
+            return False
+        with self._cv:
+            if self._ready or self._done or self._reporting:
+                return False
+        return all(s.claim is None and not s.queued for s in self._slots if s is not slot)
 
     def _begin(self, slot: _Slot, claim: Claim) -> None:
         """``claim`` is the job the slot's child runs now."""
@@ -572,9 +591,9 @@ class ProcessWorker:
             with contextlib.suppress(LakeshoreError):
                 self.transport.report_progress(claim.id, claim.lease_token, msg[2], msg[3])
         elif kind == "done":
-            _, _, outcome, rss_mb = msg
+            _, _, outcome, rss_mb, reported = msg
             self._flush_output(slot)
-            self._finish(slot, outcome)
+            self._finish(slot, outcome, reported=reported)
             self._next_in_child(slot)
             slot.jobs += 1
             slot.recycle = slot.recycle or bool(
@@ -600,8 +619,9 @@ class ProcessWorker:
         if claim is not None:
             self._record(claim, msg[2])
 
-    def _finish(self, slot: _Slot, outcome: Outcome) -> None:
-        """Free the slot now; the outcome is reported with the others of this round."""
+    def _finish(self, slot: _Slot, outcome: Outcome, *, reported: bool = False) -> None:
+        """Free the slot now; the outcome is reported with the others of this round
+        (``reported``: the job process completed it on the plane already)."""
         claim = slot.claim
         assert claim is not None
         took = time.monotonic() - slot.started
@@ -614,7 +634,7 @@ class ProcessWorker:
             log, "job.finished", claim.id, queue=claim.queue, worker=self.worker_id,
             ok=outcome.ok, error_type=(outcome.error or {}).get("type"),
         )  # fmt: skip
-        self._record(claim, outcome)
+        self._record(claim, outcome, reported=reported)
 
     def _died(self, slot: _Slot) -> None:
         """The child is gone: report its job as the reason says, then respawn it."""
