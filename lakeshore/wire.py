@@ -277,6 +277,20 @@ def result_blob(data: bytes) -> str | None:
     return None
 
 
+#: the kinds of result envelope
+RESULT_KINDS = frozenset({"msgpack", "pickle", "blob", "data"})
+
+
+def check_result(data: bytes) -> None:
+    """Raise :class:`InvalidRequest` unless ``data`` is a result envelope (what a
+    completion must carry: a reader of the invocation decodes it)."""
+    env = unpack(data)
+    if not isinstance(env, dict) or env.get("v") != WIRE_VERSION:
+        raise InvalidRequest("result envelope has an unknown version")
+    if env.get("kind") not in RESULT_KINDS:
+        raise InvalidRequest(f"unknown result kind {env.get('kind')!r}")
+
+
 def decode_result(data: bytes) -> Any:
     env = unpack(data)
     if not isinstance(env, dict) or env.get("v") != WIRE_VERSION:

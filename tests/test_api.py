@@ -296,6 +296,42 @@ def test_wait_returns_finished_views_and_times_out_empty(api: Api) -> None:
     assert producer.call("POST", "/v1/invocations/wait", later).body["invocations"] == []
 
 
+@pytest.mark.parametrize(
+    "result",
+    [
+        b"\xc1",
+        msgpack.packb([1, 2]),
+        msgpack.packb({"v": 99}),
+        msgpack.packb({"v": 1, "kind": "?"}),
+    ],
+    ids=["not msgpack", "not a map", "unknown version", "unknown kind"],
+)
+def test_a_completion_whose_result_is_not_a_result_envelope_is_refused_whole(
+    api: Api, result: bytes
+) -> None:
+    # Given two running invocations
+    producer, worker = api.client("producer"), api.client("worker")
+    ids = [submit_ref(producer, "q", 1.0) for _ in range(2)]
+    claims = worker.call("POST", "/v1/claims", {"queues": ["q"], "worker": "w", "limit": 2})
+    good, bad = claims.body["claims"]
+    # When a completion carries a good result and one no reader could decode
+    items = [
+        {"id": good["id"], "lease_token": good["lease_token"], "result": encode_result(2)[0]},
+        {"id": bad["id"], "lease_token": bad["lease_token"], "result": result},
+    ]
+    answer = worker.call("POST", "/v1/completions", {"results": items})
+    # Then it is a 400 that names the invocation, and nothing was recorded
+    assert answer.status == 400, answer.body
+    assert bad["id"] in answer.body["error"]["message"]
+    waited = producer.call("POST", "/v1/invocations/wait", {"ids": ids, "timeout": 0})
+    assert waited.status == 200 and waited.body["invocations"] == []
+    # and the same completion with a result envelope is accepted, and both are read back
+    items[1]["result"] = encode_result(3)[0]
+    assert worker.call("POST", "/v1/completions", {"results": items}).status == 200
+    waited = producer.call("POST", "/v1/invocations/wait", {"ids": ids, "timeout": 0})
+    assert sorted(v["state"] for v in waited.body["invocations"]) == ["succeeded"] * 2
+
+
 def test_failures_heartbeats_and_stale_leases_answer_per_item(api: Api) -> None:
     producer, worker = api.client("producer"), api.client("worker")
     inv = submit_ref(producer, "q", 1.0)
@@ -307,7 +343,7 @@ def test_failures_heartbeats_and_stale_leases_answer_per_item(api: Api) -> None:
     stale = worker.call(
         "POST",
         "/v1/completions",
-        {"results": [{"id": inv, "lease_token": "stale", "result": b"x"}]},
+        {"results": [{"id": inv, "lease_token": "stale", "result": encode_result(1)[0]}]},
     )
     assert stale.status == 200
     assert stale.body["answers"][0]["error"]["code"] == "lease_lost"

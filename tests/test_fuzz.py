@@ -582,7 +582,7 @@ VALID: dict[tuple[str, str], dict[str, Any] | None] = {
     ("POST", "/v1/claims"): {"queues": ["team-a"], "worker": "w2", "limit": 1},
     ("POST", "/v1/heartbeats"): {"leases": [{"id": "r", "lease_token": "{lease}"}]},
     ("POST", "/v1/completions"): {
-        "results": [{"id": "r", "lease_token": "{lease}", "result": b"\x00"}]
+        "results": [{"id": "r", "lease_token": "{lease}", "result": wire.encode_result(0)[0]}]
     },
     ("POST", "/v1/failures"): {
         "failures": [{"id": "r", "lease_token": "{lease}", "error": {"message": "m"}}]

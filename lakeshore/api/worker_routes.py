@@ -20,6 +20,7 @@ from ..metrics import Registry
 from ..plane import Plane
 from ..plane.model import Claim, Invocation, State
 from ..plane.store import WakeObjects
+from ..wire import check_result
 from .auth import Identity
 from .codec import NUM, OPT_NUM, as_bytes, error_view, fields
 
@@ -257,6 +258,11 @@ class WorkerRoutes:
         results = [as_bytes(x["result"], "result") for x in items]
         if any(len(result) > self.limits.inline_payload for result in results):
             raise InvalidRequest("result is over the inline limit: send it as a blob")
+        for x, result in zip(items, results, strict=True):
+            try:
+                check_result(result)
+            except InvalidRequest as exc:  # nothing is written: a reader could not decode it
+                raise InvalidRequest(f"result of {x['id']!r}: {exc}") from None
         outcomes = self.plane.complete_records(
             [(x["id"], x["lease_token"], result) for x, result in zip(items, results, strict=True)]
         )
