@@ -889,7 +889,7 @@ def idle_wake(*, pickups: int = 5) -> tuple[Figures, list[float]]:
     from dreamlake.lakeshore.api.service import Limits
     from dreamlake.lakeshore.plane.model import QueueSpec, Submission
     from dreamlake.lakeshore.submit import new_id
-    from dreamlake.lakeshore.wire import encode_ref_call
+    from dreamlake.lakeshore.wire import encode_ref_call, encode_result
 
     limits = Limits()
     with aws_stack(real_time=True, limits=limits) as stack:
@@ -905,7 +905,7 @@ def idle_wake(*, pickups: int = 5) -> tuple[Figures, list[float]]:
                 )
                 if got:
                     claimed.append(time.monotonic())
-                    worker.complete(got[0].id, got[0].lease_token, b"")
+                    worker.complete(got[0].id, got[0].lease_token, encode_result(None)[0])
 
         # another client marks the queue idle first: the worker's first claim is then
         # the steady state's claim (the mark set already, the object's ETag read)

@@ -28,6 +28,7 @@ from ..api.codec import JSON, decode_body, encode_body, pick_type
 from ..dashboard import asset as dashboard_file
 from ..errors import InvalidRequest, LakeshoreError, MethodNotAllowed, NotFound, Unauthorized
 from ..metrics import Event, Registry
+from ..wire import is_digest
 from . import apigw
 
 __all__ = ["ROUTES", "fast_path", "handler", "make_app"]
@@ -43,9 +44,6 @@ def fast_path(app: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | N
     :func:`make_app` (``lakeshore serve`` tries it first; see ``resolve_fast`` there)."""
     found = getattr(app, "__dict__", {}).get(_FAST)
     return found if callable(found) else None
-
-
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 def _answer(status: int, value: dict[str, Any] | None, media: str) -> Response[Any]:
@@ -197,7 +195,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
     route("POST", "/v1/blobs/missing")(lambda ident: service.missing_blobs(ident, body()))
 
     def blob_access(method: str, digest: str) -> None:
-        if not _DIGEST.fullmatch(digest):
+        if not is_digest(digest):
             raise InvalidRequest("a blob is named by its sha256 (64 hex digits)")
         if service.check_signature(method, digest, query()):
             return
@@ -224,7 +222,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
 
     @route("GET", "/v1/blobs/{digest}/url")
     def blob_url(ident: Identity, digest: str) -> dict[str, Any]:
-        if not _DIGEST.fullmatch(digest):
+        if not is_digest(digest):
             raise InvalidRequest("a blob is named by its sha256 (64 hex digits)")
         return service.blob_url(ident, digest)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import pickle
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -248,7 +249,8 @@ def encode_result(
         try:
             env = {"v": WIRE_VERSION, "kind": "msgpack", "data": value}
             data = pack(env)
-        except (TypeError, ValueError, OverflowError):
+            unpack(data)  # what a reader can decode (a map with int keys it cannot)
+        except (TypeError, ValueError, OverflowError, InvalidRequest):
             env = None
     if env is None:
         try:
@@ -282,13 +284,18 @@ RESULT_KINDS = frozenset({"msgpack", "pickle", "blob", "data"})
 
 
 def check_result(data: bytes) -> None:
-    """Raise :class:`InvalidRequest` unless ``data`` is a result envelope (what a
-    completion must carry: a reader of the invocation decodes it)."""
+    """Raise :class:`InvalidRequest` unless ``data`` is a result envelope a reader can
+    decode (what a completion must carry; the value inside is not unpickled here)."""
     env = unpack(data)
     if not isinstance(env, dict) or env.get("v") != WIRE_VERSION:
         raise InvalidRequest("result envelope has an unknown version")
-    if env.get("kind") not in RESULT_KINDS:
-        raise InvalidRequest(f"unknown result kind {env.get('kind')!r}")
+    kind = env.get("kind")
+    if kind not in RESULT_KINDS:
+        raise InvalidRequest(f"unknown result kind {kind!r}")
+    if kind == "pickle" and not isinstance(env.get("data"), bytes):
+        raise InvalidRequest("pickle result envelope needs bytes")
+    if kind == "blob" and not is_digest(env.get("digest")):
+        raise InvalidRequest("blob result envelope needs a sha256 digest")
 
 
 def decode_result(data: bytes) -> Any:
@@ -310,6 +317,14 @@ def decode_result(data: bytes) -> Any:
                 f"the result cannot be unpickled here: {type(exc).__name__}: {exc}"
             ) from exc
     raise InvalidRequest(f"unknown result kind {env.get('kind')!r}")
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def is_digest(value: object) -> bool:
+    """Whether ``value`` names a blob: a sha256 in 64 lower-case hex digits."""
+    return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
 
 
 def verified(digest_hex: str, data: bytes) -> bytes:

@@ -303,12 +303,21 @@ def test_wait_returns_finished_views_and_times_out_empty(api: Api) -> None:
         msgpack.packb([1, 2]),
         msgpack.packb({"v": 99}),
         msgpack.packb({"v": 1, "kind": "?"}),
+        msgpack.packb({"v": 1, "kind": "msgpack", "data": {1: "int key"}}),
+        msgpack.packb({"v": 1, "kind": "pickle", "data": "not bytes"}),
+        msgpack.packb({"v": 1, "kind": "blob", "digest": "not a digest"}),
     ],
-    ids=["not msgpack", "not a map", "unknown version", "unknown kind"],
+    ids=[
+        "not msgpack",
+        "not a map",
+        "unknown version",
+        "unknown kind",
+        "int map key",
+        "pickle not bytes",
+        "blob not a digest",
+    ],
 )
-def test_a_completion_whose_result_is_not_a_result_envelope_is_refused_whole(
-    api: Api, result: bytes
-) -> None:
+def test_a_result_no_reader_could_decode_is_refused_on_its_own(api: Api, result: bytes) -> None:
     # Given two running invocations
     producer, worker = api.client("producer"), api.client("worker")
     ids = [submit_ref(producer, "q", 1.0) for _ in range(2)]
@@ -320,14 +329,19 @@ def test_a_completion_whose_result_is_not_a_result_envelope_is_refused_whole(
         {"id": bad["id"], "lease_token": bad["lease_token"], "result": result},
     ]
     answer = worker.call("POST", "/v1/completions", {"results": items})
-    # Then it is a 400 that names the invocation, and nothing was recorded
-    assert answer.status == 400, answer.body
-    assert bad["id"] in answer.body["error"]["message"]
+    # Then the good one is recorded and the other refused, with the reason, and not written
+    assert answer.status == 200, answer.body
+    first, second = answer.body["answers"]
+    assert first == {"id": good["id"], "ok": True, "error": None}
+    assert (second["ok"], second["error"]["code"]) == (False, "invalid_request")
+    assert "result envelope" in second["error"]["message"]
     waited = producer.call("POST", "/v1/invocations/wait", {"ids": ids, "timeout": 0})
-    assert waited.status == 200 and waited.body["invocations"] == []
-    # and the same completion with a result envelope is accepted, and both are read back
+    assert waited.status == 200
+    assert [v["id"] for v in waited.body["invocations"]] == [good["id"]]
+    # and the refused one, still running, takes a result envelope after
     items[1]["result"] = encode_result(3)[0]
-    assert worker.call("POST", "/v1/completions", {"results": items}).status == 200
+    again = worker.call("POST", "/v1/completions", {"results": items[1:]})
+    assert again.body["answers"] == [{"id": bad["id"], "ok": True, "error": None}]
     waited = producer.call("POST", "/v1/invocations/wait", {"ids": ids, "timeout": 0})
     assert sorted(v["state"] for v in waited.body["invocations"]) == ["succeeded"] * 2
 
@@ -430,6 +444,16 @@ def test_blobs_move_by_signed_url_without_a_token(api: Api) -> None:
     assert tampered.status == 401
     wrong = producer.raw("PUT", f"/v1/blobs/{'0' * 64}", data, ctype="application/octet-stream")
     assert (wrong.status, wrong.code) == (400, "invalid_request")
+
+
+@pytest.mark.parametrize(
+    "digest", ["z" * 64, "A" * 64, "0" * 63, 64], ids=["not hex", "upper case", "short", "number"]
+)
+def test_asking_which_blobs_are_missing_takes_only_blob_names(api: Api, digest: Any) -> None:
+    # the names a submit's blobs and a PUT accept, no others: no upload URL for a name
+    # that no PUT could use
+    ans = api.client("producer").call("POST", "/v1/blobs/missing", {"digests": [digest]})
+    assert (ans.status, ans.code) == (400, "invalid_request")
 
 
 def test_daemons_register_keep_identity_and_take_updates(api: Api) -> None:

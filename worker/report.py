@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..dispatch import Dispatch
-from ..errors import LakeshoreError
+from ..errors import InvalidRequest, LakeshoreError
 from ..plane.model import Claim
 from .execute import Outcome
 
@@ -53,16 +53,36 @@ def report(dispatch: Dispatch, claim: Claim, outcome: Outcome) -> None:
 
 def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> None:
     """Complete or fail claims, results in one batch and failures in another. A refusal
-    (cancelled, timed out, handed on) is the plane's decision, not an error here."""
+    (cancelled, timed out, handed on) is the plane's decision, not an error here; a
+    result the plane refuses as unreadable fails its invocation instead (not retried)."""
     checked = [(claim, _checked(dispatch, outcome)) for claim, outcome in done]
     ok = [(c, o) for c, o in checked if o.ok]
     failed = [(c, o) for c, o in checked if not o.ok]
     transport = dispatch.transport
-    with contextlib.suppress(LakeshoreError):
-        if ok:
+    if ok:
+        with contextlib.suppress(LakeshoreError):
             dispatch.upload({d: b for _, o in ok for d, b in o.blobs.items()})
-            transport.complete_many([(c.id, c.lease_token, o.result or b"") for c, o in ok])
-        if failed:
+            refusals = transport.complete_many(
+                [(c.id, c.lease_token, o.result or b"") for c, o in ok]
+            )
+            failed += [
+                (c, _unreadable_result(refusal))
+                for (c, _), refusal in zip(ok, refusals, strict=True)
+                if isinstance(refusal, InvalidRequest)
+            ]
+    if failed:
+        with contextlib.suppress(LakeshoreError):
             transport.fail_many(
                 [(c.id, c.lease_token, o.error or {}, o.retryable) for c, o in failed]
             )
+
+
+def _unreadable_result(refusal: Exception) -> Outcome:
+    """The failure that stands for a result the plane refused to record."""
+    error = {
+        "type": "dreamlake.lakeshore.InvalidResult",
+        "message": f"the plane refused the job's result: {refusal}",
+        "traceback": "",
+        "pickled": None,
+    }
+    return Outcome(ok=False, error=error, retryable=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import re
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -31,6 +30,7 @@ from ..wire import (
     decode_payload,
     encode_exec,
     encode_ref_call,
+    is_digest,
     unpack,
 )
 from . import auth
@@ -67,8 +67,6 @@ _SUBMISSION: dict[str, Any] = {
     "retry": (dict, type(None)),
 }
 _SUBMIT: dict[str, Any] = {"invocations": list, "blobs": (dict, type(None))}
-#: a blob's name: its sha256
-_DIGEST = re.compile(r"[0-9a-f]{64}")
 #: the longest delay a submit may ask for (a year)
 _MAX_DELAY = 366 * 86400.0
 #: a daemon not heard from for this long no longer counts as a live worker
@@ -330,7 +328,7 @@ class Service(WorkerRoutes):
             raise InvalidRequest(f"blobs must hold at most {self.limits.max_batch} blobs")
         out = {}
         for digest, data in raw.items():
-            if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            if not is_digest(digest):
                 raise InvalidRequest("blobs are named by their sha256 (64 lower-case hex digits)")
             out[digest] = as_bytes(data, f"blobs[{digest[:12]}…]")
         return out
@@ -506,10 +504,8 @@ class Service(WorkerRoutes):
         ident.require("producer", "worker")
         body = fields(body, {"digests": list}, required=("digests",))
         digests = body["digests"]
-        if len(digests) > self.limits.max_batch or not all(
-            isinstance(d, str) and len(d) == 64 for d in digests
-        ):
-            raise InvalidRequest("digests must be sha256 hex strings")
+        if len(digests) > self.limits.max_batch or not all(is_digest(d) for d in digests):
+            raise InvalidRequest("digests must be sha256s (64 lower-case hex digits)")
         missing = sorted(self.plane.missing_blobs(digests))
         return {"missing": missing, "upload": {d: self.signed_url("PUT", d) for d in missing}}
 

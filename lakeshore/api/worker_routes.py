@@ -51,6 +51,15 @@ def _claim_view(c: Claim) -> dict[str, Any]:
     }
 
 
+def _unreadable(result: bytes) -> InvalidRequest | None:
+    """Why a completion's result is not a result envelope a reader can decode, if so."""
+    try:
+        check_result(result)
+    except InvalidRequest as exc:
+        return InvalidRequest(f"the result is not a result envelope: {exc}")
+    return None
+
+
 def _refused(inv_id: str, exc: Exception) -> dict[str, str]:
     """One item's refusal as a batch answer carries it, logged."""
     view = error_view(exc)
@@ -258,21 +267,23 @@ class WorkerRoutes:
         results = [as_bytes(x["result"], "result") for x in items]
         if any(len(result) > self.limits.inline_payload for result in results):
             raise InvalidRequest("result is over the inline limit: send it as a blob")
-        for x, result in zip(items, results, strict=True):
-            try:
-                check_result(result)
-            except InvalidRequest as exc:  # nothing is written: a reader could not decode it
-                raise InvalidRequest(f"result of {x['id']!r}: {exc}") from None
-        outcomes = self.plane.complete_records(
-            [(x["id"], x["lease_token"], result) for x, result in zip(items, results, strict=True)]
+        # A result no reader could decode is refused on its own (nothing is written for
+        # it); the others of the batch are recorded.
+        outcomes: list[Invocation | Exception | None] = [_unreadable(r) for r in results]
+        readable = [i for i, refused in enumerate(outcomes) if refused is None]
+        recorded = self.plane.complete_records(
+            [(items[i]["id"], items[i]["lease_token"], results[i]) for i in readable]
         )
+        for i, outcome in zip(readable, recorded, strict=True):
+            outcomes[i] = outcome
         answers = []
-        for x, outcome in zip(items, outcomes, strict=True):
-            if isinstance(outcome, Exception):  # LeaseLost and the like answer per item
-                answers.append({"id": x["id"], "ok": False, "error": _refused(x["id"], outcome)})
+        for x, answer in zip(items, outcomes, strict=True):
+            assert answer is not None
+            if isinstance(answer, Exception):  # LeaseLost and the like answer per item
+                answers.append({"id": x["id"], "ok": False, "error": _refused(x["id"], answer)})
             else:  # (started_at, worker, attempt: as they were while it ran)
                 answers.append({"id": x["id"], "ok": True, "error": None})
-                self._finished(outcome, "succeeded")
+                self._finished(answer, "succeeded")
         return {"answers": answers}
 
     def fail(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
