@@ -11,18 +11,21 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import dreamlake.lakeshore as dls
-from dreamlake.lakeshore.errors import Unavailable
-from dreamlake.lakeshore.plane.model import Claim
+from dreamlake.lakeshore.errors import InvalidRequest, LeaseLost, Unavailable
+from dreamlake.lakeshore.plane.model import Claim, State
 from dreamlake.lakeshore.server import LocalServer
-from dreamlake.lakeshore.wire import encode_exec
-from dreamlake.lakeshore.worker.child import _complete_here
+from dreamlake.lakeshore.wire import encode_exec, encode_result
+from dreamlake.lakeshore.worker import pool
+from dreamlake.lakeshore.worker.child import _complete_here, _completes_here
 from dreamlake.lakeshore.worker.execute import Outcome
 from dreamlake.lakeshore.worker.pool import ProcessWorker
+from dreamlake.lakeshore.worker.report import report_many
 
 
 def square(x: int) -> int:
@@ -324,50 +327,116 @@ def parent_reports(monkeypatch: pytest.MonkeyPatch, dp: dls.Dispatch) -> list[li
 def test_a_lone_silent_job_is_completed_by_its_job_process(
     remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a process worker on a remote plane, doing nothing else
+    # Given a process worker on a plane that answers reports quickly, doing nothing else
+    # (the bound is generous here: a loaded test machine is slow)
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
     producer, worker_dp = remote
     q = dls.SyncQueue("lone", dispatch=producer)
     sent = parent_reports(monkeypatch, worker_dp)
     with worker(worker_dp, "lone") as (w, _):
         # When calls come one at a time, and their jobs print nothing
-        for i in range(3):
-            assert q.result(q.submit(square, i), timeout=60) == i * i
-        wait_for(lambda: w.completed == 3)
-    # Then each job process completed its job on the plane: the parent sent none
-    assert sent == []
+        ids = []
+        for i in range(4):
+            ids.append(q.submit(square, i))
+            assert q.result(ids[-1], timeout=60) == i * i
+        wait_for(lambda: w.completed == 4)
+    # Then the parent reported the first (how long reports take was not known yet), and
+    # each job process completed the later ones on the plane itself
+    assert sent == [[ids[0]]]
+    assert w.report_seconds is not None
 
 
-def test_a_job_that_prints_is_reported_by_the_parent_after_its_output(
+def test_a_lone_job_on_a_plane_slow_to_answer_is_reported_by_the_parent(
     remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a lone job that writes output
+    # Given a plane whose answers to reports take longer than the bound
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 0.0)
     producer, worker_dp = remote
-    q = dls.SyncQueue("loud", dispatch=producer)
+    q = dls.SyncQueue("far", dispatch=producer)
     sent = parent_reports(monkeypatch, worker_dp)
-    with worker(worker_dp, "loud"):
-        inv = q.submit(loud, 1)
-        assert q.result(inv, timeout=60) == 2
-    # Then the parent reported it, once its output was on the plane
+    with worker(worker_dp, "far") as (w, _):
+        ids = []
+        for i in range(3):  # one at a time: each is the worker's only job
+            ids.append(q.submit(square, i))
+            assert q.result(ids[-1], timeout=60) == i * i
+        wait_for(lambda: w.completed == 3)
+    # Then every report went through the parent (the slot is free while it reports)
+    assert [inv for batch in sent for inv in batch] == ids
+
+
+@pytest.mark.parametrize("job", ["prints", "reports progress"])
+def test_a_job_that_tells_its_parent_something_is_reported_by_the_parent_after_it(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, job: str
+) -> None:
+    # Given a lone job that writes output, or reports progress
+    producer, worker_dp = remote
+    q = dls.SyncQueue("told", dispatch=producer)
+    sent = parent_reports(monkeypatch, worker_dp)
+    with worker(worker_dp, "told"):
+        inv = q.submit(loud, 1) if job == "prints" else q.submit(chatty_quietly, 2)
+        # When its result is read
+        assert q.result(inv, timeout=60) in (2,)
+        # Then what it told the parent is on the plane already: the parent reported it
+        if job == "prints":
+            assert "".join(e.text for e in producer.transport.read_logs(inv)) == "working\n"
+        else:
+            rec = producer.transport.get(inv)
+            assert (rec.progress, rec.progress_message) == (1.0, "step 2")
     assert sent == [[inv]]
-    assert "".join(e.text for e in producer.transport.read_logs(inv)) == "working\n"
+
+
+def chatty_quietly(n: int) -> int:
+    for i in range(n):
+        dls.progress((i + 1) / n, f"step {i + 1}")
+    return n
 
 
 def test_a_job_process_leaves_the_report_to_the_parent_when_it_cannot_send_it() -> None:
     claim = Claim("i", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
+    done = Outcome(ok=True, result=encode_result(1)[0])
 
     def unreachable() -> dls.Dispatch:
         raise Unavailable("the plane is away")
 
+    def answering(refusal: Exception | None) -> Callable[[], Any]:
+        transport = SimpleNamespace(complete_many=lambda items: [refusal])
+        return lambda: SimpleNamespace(transport=transport)
+
     # a completion that does not reach the plane: the parent reports it (and retries)
-    assert not _complete_here(unreachable, claim, Outcome(ok=True, result=b"\x01"))
-    # a failure, a data manifest or result blobs: always the parent's (never sent here)
-    touched: list[bool] = []
+    assert not _complete_here(unreachable, claim, done)
+    # one the plane refuses as unreadable: the parent reports it (and fails the job)
+    assert not _complete_here(answering(InvalidRequest("not an envelope")), claim, done)
+    # accepted, or refused as the plane's decision (the lease is gone): done here
+    assert _complete_here(answering(None), claim, done)
+    assert _complete_here(answering(LeaseLost("taken back")), claim, done)
+    # a failure, a data manifest or result blobs: always the parent's
+    assert _completes_here(done)
+    assert not _completes_here(Outcome(ok=False, error={"type": "E"}))
+    assert not _completes_here(Outcome(ok=True, result=b"", manifest=["k"]))
+    assert not _completes_here(Outcome(ok=True, result=b"", blobs={"d": b"x"}))
 
-    def plane() -> dls.Dispatch:
-        touched.append(True)
-        raise AssertionError("not asked for")
 
-    assert not _complete_here(plane, claim, Outcome(ok=False, error={"type": "E"}))
-    assert not _complete_here(plane, claim, Outcome(ok=True, result=b"", manifest=["k"]))
-    assert not _complete_here(plane, claim, Outcome(ok=True, result=b"", blobs={"d": b"x"}))
-    assert touched == []
+def test_a_result_the_plane_refuses_as_unreadable_fails_its_invocation(
+    remote: tuple[dls.Dispatch, dls.Dispatch],
+) -> None:
+    # Given a claim, and an outcome whose result no reader could decode
+    producer, worker_dp = remote
+    q = dls.SyncQueue("odd", dispatch=producer)
+    inv = q.submit(square, 3)
+    (claim,) = worker_dp.transport.claim(["odd"], "w", limit=1, wait=5)
+    # When the worker reports it
+    report_many(worker_dp, [(claim, Outcome(ok=True, result=b"\xc1"))])
+    # Then the invocation failed with the plane's reason, and is not retried
+    with pytest.raises(Exception, match="refused the job's result") as caught:
+        q.result(inv, timeout=10)
+    assert not isinstance(caught.value, TimeoutError)
+    assert producer.transport.get(inv).state is State.FAILED
+
+
+def test_a_ref_call_answering_a_map_with_int_keys_reads_back() -> None:
+    # msgpack results travel as maps with string keys: this one goes pickled instead
+    with dls.Dispatch(":memory:") as dp:
+        q = dls.SyncQueue("maps", dispatch=dp)
+        inv = q.submit("builtins:dict", [[1, "a"], [2, "b"]])
+        dls.run_worker(q, once=True)
+        assert q.result(inv, timeout=10) == {1: "a", 2: "b"}

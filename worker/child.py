@@ -5,10 +5,13 @@ A ``("skip", id)`` message cancels a claim sent earlier that has not started: th
 reads every message waiting before it starts the next job, so a skip that follows its
 run is seen in time (the answer is ``("skipped", id)``).
 
-A claim sent as the worker's only job (``alone``) that ends well, wrote no output and
-has no result blobs is completed on the plane by this process, over its own connection,
-before it tells the parent (``("done", id, outcome, rss, True)``); any other outcome, or
-a completion that did not reach the plane, the parent reports.
+A claim sent as the worker's only job (``alone``) that ends well, wrote no output,
+reported no progress and has no result blobs is completed on the plane by this process,
+over its own connection: it tells the parent first (``("finishing", id)``: the job has
+ended, so a heartbeat that finds it finished kills nothing), then sends the completion,
+then ``("done", id, outcome, rss, seconds)`` (how long the completion took; None: the
+parent reports it). Any other outcome, or a completion that did not reach the plane or
+that the plane refused as unreadable, the parent reports.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from ..dispatch import Dispatch
-from ..errors import LakeshoreError
+from ..errors import InvalidRequest, LakeshoreError
 from ..heap import keep_freed_memory
 from ..plane.model import Claim
 from ..wire import decode_payload
@@ -162,18 +166,19 @@ def child_main(
         job = claim.id
         out.job = err.job = job
         out.wrote = err.wrote = False
-        printed: list[bool] = []
+        told: list[bool] = []  # output or progress went to the parent for this job
 
-        def on_output(
-            stream: str, text: str, job: str = job, printed: list[bool] = printed
-        ) -> None:
-            printed.append(True)
+        def on_output(stream: str, text: str, job: str = job, told: list[bool] = told) -> None:
+            told.append(True)
             pipe.send(("out", job, stream, text))
 
         def on_spawn(pid: int, job: str = job) -> None:
             pipe.send(("pgid", job, pid))
 
-        def on_progress(fraction: float, message: str | None, job: str = job) -> None:
+        def on_progress(
+            fraction: float, message: str | None, job: str = job, told: list[bool] = told
+        ) -> None:
+            told.append(True)
             pipe.send(("progress", job, fraction, message))
 
         with data.using(job_plane):
@@ -183,25 +188,35 @@ def child_main(
         out.flush()
         err.flush()
         out.job = err.job = None
-        silent = not (printed or out.wrote or err.wrote)
-        reported = alone and silent and _complete_here(job_plane, claim, outcome)
+        reported: float | None = None  # seconds the completion took, if sent from here
+        if alone and not (told or out.wrote or err.wrote) and _completes_here(outcome):
+            pipe.send(("finishing", job))
+            started = time.monotonic()
+            if _complete_here(job_plane, claim, outcome):
+                reported = time.monotonic() - started
         for digest in [d for d in source.blobs if d not in bodies]:
             source.blobs.pop(digest, None)  # argument blobs go; function bodies stay
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         pipe.send(("done", job, outcome, rss_mb, reported))
 
 
+def _completes_here(outcome: Outcome) -> bool:
+    """Whether this process may complete the job itself: it ended well, without a
+    data manifest to check or result blobs to upload."""
+    return outcome.ok and outcome.manifest is None and not outcome.blobs
+
+
 def _complete_here(plane: Callable[[], Dispatch], claim: Claim, outcome: Outcome) -> bool:
-    """Complete a claim that ended well, without a data manifest or result blobs, on the
-    plane from this process. True once the plane answered (accepting it, or refusing it:
-    a lease taken back is its decision); False leaves the report to the parent."""
-    if not outcome.ok or outcome.manifest is not None or outcome.blobs:
-        return False
+    """Complete the claim on the plane from this process. True once the plane answered
+    (accepting it, or refusing it: a lease taken back is its decision); False leaves the
+    report to the parent: not sent, no answer, or a result refused as unreadable."""
     try:
-        plane().transport.complete_many([(claim.id, claim.lease_token, outcome.result or b"")])
-    except Exception:
-        return False  # not sent, or no answer: the parent reports it (and retries)
-    return True
+        (refusal,) = plane().transport.complete_many(
+            [(claim.id, claim.lease_token, outcome.result or b"")]
+        )
+    except Exception:  # (whatever it was, the parent's report is the fallback)
+        return False
+    return not isinstance(refusal, InvalidRequest)
 
 
 def fn_of(claim: Claim) -> str | None:

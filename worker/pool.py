@@ -65,6 +65,12 @@ _HAND_BACK_AFTER = 0.25
 #: seconds the fetcher waits for the main loop to start a claim on a free slot before it
 #: asks for more (the job starts sooner when the two do not contend for the GIL)
 _YIELD_SECONDS = 0.005
+#: a job process completes lone jobs itself only if it lives for at least this many
+#: jobs (its first completion opens a connection of its own to the plane)
+_REPORTS_AFTER = 16
+#: ... and only while reporting takes at most this long (seconds, a running average): a
+#: plane on this machine or the LAN, not one across the internet
+_REPORT_HERE_SECONDS = 0.001
 #: buffered claims no slot could start for this long (seconds) go back to the plane
 _BUFFER_MAX_WAIT = 1.0
 
@@ -88,6 +94,8 @@ class _Slot:
     out: list[tuple[int, str, str]] = field(default_factory=list)
     out_n: int = 0
     cancel_requested: bool = False
+    #: the child said the job has ended and it completes it on the plane itself
+    finishing: bool = False
     #: when the running job was handed to the child (monotonic)
     started: float = 0.0
     #: claims sent to the child behind the running one (short jobs without a timeout)
@@ -168,6 +176,8 @@ class ProcessWorker:
         #: a job process may complete a lone job over its own connection to a remote
         #: plane (see :meth:`_alone`), saving the hand-over back to this process
         self._job_reports = dispatch.target.startswith(("http://", "https://"))
+        #: running average of how long reporting outcomes takes (seconds; None: not yet)
+        self.report_seconds: float | None = None
         self._next_flush = 0.0
         #: at most this many claims wait in the buffer (fewer for longer jobs)
         self.prefetch = prefetch
@@ -402,13 +412,24 @@ class ProcessWorker:
                 done, self._done = self._done, []
                 self._reporting = True
             try:
-                report_many(self.dispatch, done)
+                self._report(done)
             except Exception:
                 log.exception("lakeshore worker: reporting %d outcomes failed", len(done))
             finally:
                 with self._cv:
                     self._reporting = False
                     self._cv.notify_all()
+
+    def _report(self, done: list[tuple[Claim, Outcome]]) -> None:
+        started = time.monotonic()
+        report_many(self.dispatch, done)
+        self._took_to_report(time.monotonic() - started)
+
+    def _took_to_report(self, seconds: float) -> None:
+        """One report's time, into the running average :meth:`_alone` goes by."""
+        with self._cv:
+            last = self.report_seconds
+            self.report_seconds = seconds if last is None else (1 - _EMA) * last + _EMA * seconds
 
     def _record(self, claim: Claim, outcome: Outcome, *, reported: bool = False) -> None:
         with self._cv:
@@ -434,7 +455,7 @@ class ProcessWorker:
                 self._cv.notify_all()
         if alone:
             try:
-                report_many(self.dispatch, [(claim, outcome)])
+                self._report([(claim, outcome)])
             except Exception:
                 log.exception("lakeshore worker: reporting %s failed", claim.id)
             finally:
@@ -516,6 +537,13 @@ class ProcessWorker:
         with more going on, this process reports outcomes in batches)."""
         if not self._job_reports:
             return False
+        if self.max_jobs_per_child is not None and self.max_jobs_per_child < _REPORTS_AFTER:
+            return False  # a child's first completion opens its connection: not worth it
+        took = self.report_seconds
+        if took is None or took > _REPORT_HERE_SECONDS:
+            # A plane further away: the child would sit in each completion's round trip
+            # while its slot could start the next job (the parent reports meanwhile).
+            return False
         with self._cv:
             if self._ready or self._done or self._reporting:
                 return False
@@ -532,6 +560,7 @@ class ProcessWorker:
             slot.started = self._last_start = time.monotonic()
             slot.deadline = time.monotonic() + claim.timeout if claim.timeout else None
             slot.out, slot.out_n, slot.cancel_requested = [], 0, False
+            slot.finishing = False
 
     def _next_in_child(self, slot: _Slot) -> None:
         """The child starts the next claim it was sent as soon as one ends."""
@@ -566,14 +595,18 @@ class ProcessWorker:
             if slot.proc is not proc:
                 continue  # this child was already handled (its pipe and sentinel both fired)
             if ready is slot.conn:
-                conn: Any = slot.conn
-                try:
-                    while conn.poll():
-                        self._message(slot, conn.recv())
-                except (EOFError, OSError):
-                    self._died(slot)
+                self._read(slot)
             elif not slot.proc.is_alive():
                 self._died(slot)
+
+    def _read(self, slot: _Slot) -> None:
+        """Handle every message waiting on the slot's pipe (a closed pipe: it died)."""
+        conn: Any = slot.conn
+        try:
+            while conn.poll():
+                self._message(slot, conn.recv())
+        except (EOFError, OSError):
+            self._died(slot)
 
     def _message(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -587,13 +620,18 @@ class ProcessWorker:
             self._buffer(slot, msg[2], msg[3])
         elif kind == "pgid":
             slot.pgid = msg[2]
+        elif kind == "finishing":
+            with self._lock:
+                slot.finishing = True
         elif kind == "progress":
             with contextlib.suppress(LakeshoreError):
                 self.transport.report_progress(claim.id, claim.lease_token, msg[2], msg[3])
         elif kind == "done":
             _, _, outcome, rss_mb, reported = msg
+            if reported is not None:
+                self._took_to_report(reported)
             self._flush_output(slot)
-            self._finish(slot, outcome, reported=reported)
+            self._finish(slot, outcome, reported=reported is not None)
             self._next_in_child(slot)
             slot.jobs += 1
             slot.recycle = slot.recycle or bool(
@@ -704,9 +742,17 @@ class ProcessWorker:
                         slot.conn.send(("skip", inv_id))
             if slot.claim is None or slot.killed:
                 continue
+            due = slot.deadline is not None and now >= slot.deadline
+            if (slot.cancel_requested or due) and slot.proc is not None:
+                # What the child sent first counts: a job that ended and is being
+                # completed by its child (a heartbeat then finds it finished, not
+                # running) is not killed.
+                self._read(slot)
+                if slot.claim is None or slot.killed or slot.finishing:
+                    continue
             if slot.cancel_requested:
                 self._kill(slot, "cancel")
-            elif slot.deadline is not None and now >= slot.deadline:
+            elif due:
                 self._kill(slot, "timeout")
 
     def _stop_cold(self) -> None:
