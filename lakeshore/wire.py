@@ -290,7 +290,7 @@ def check_result(data: bytes) -> None:
     if not isinstance(env, dict) or env.get("v") != WIRE_VERSION:
         raise InvalidRequest("result envelope has an unknown version")
     kind = env.get("kind")
-    if kind not in RESULT_KINDS:
+    if not isinstance(kind, str) or kind not in RESULT_KINDS:
         raise InvalidRequest(f"unknown result kind {kind!r}")
     if kind == "pickle" and not isinstance(env.get("data"), bytes):
         raise InvalidRequest("pickle result envelope needs bytes")

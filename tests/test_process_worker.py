@@ -4,6 +4,7 @@ crash-proof, with output and progress reported to the plane."""
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import subprocess
 import threading
@@ -325,14 +326,19 @@ def parent_reports(monkeypatch: pytest.MonkeyPatch, dp: dls.Dispatch) -> list[li
 
 
 @pytest.mark.parametrize(
-    ("bound", "by_parent"),
-    [(10.0, 1), (0.0, 4)],
-    ids=["reports quick: the job processes complete", "reports slow: the parent does"],
+    ("bound", "max_jobs", "by_parent"),
+    [(10.0, None, 1), (0.0, None, 4), (10.0, 8, 4)],
+    ids=[
+        "reports quick: the job processes complete",
+        "reports slow: the parent does",
+        "children recycled every 8 jobs: the parent does",
+    ],
 )
 def test_a_lone_silent_job_is_completed_by_its_job_process_while_reports_are_quick(
     remote: tuple[dls.Dispatch, dls.Dispatch],
     monkeypatch: pytest.MonkeyPatch,
     bound: float,
+    max_jobs: int | None,
     by_parent: int,
 ) -> None:
     # Given a process worker doing nothing else, and how long its reports may take for
@@ -342,7 +348,7 @@ def test_a_lone_silent_job_is_completed_by_its_job_process_while_reports_are_qui
     producer, worker_dp = remote
     q = dls.SyncQueue("lone", dispatch=producer)
     sent = parent_reports(monkeypatch, worker_dp)
-    with worker(worker_dp, "lone") as (w, _):
+    with worker(worker_dp, "lone", max_jobs_per_child=max_jobs) as (w, _):
         # When calls come one at a time, and their jobs print nothing
         ids = []
         for i in range(4):
@@ -432,3 +438,31 @@ def test_a_ref_call_answering_a_map_with_int_keys_reads_back() -> None:
         inv = q.submit("builtins:dict", [[1, "a"], [2, "b"]])
         dls.run_worker(q, once=True)
         assert q.result(inv, timeout=10) == {1: "a", 2: "b"}
+
+
+@pytest.mark.parametrize("why", ["cancel", "timeout"])
+def test_a_job_whose_child_is_completing_it_is_not_killed(dp: dls.Dispatch, why: str) -> None:
+    # Given a slot whose job has ended and whose child said it completes it itself
+    w = ProcessWorker(dp, ["q"])
+    slot = w._slots[0]
+    parent_end, child_end = multiprocessing.Pipe()
+    claim = Claim("i", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=1.0)
+    killed: list[str] = []
+    w._kill = lambda s, reason: killed.append(reason)  # type: ignore[method-assign]
+    slot.proc, slot.conn = SimpleNamespace(pid=-1), parent_end
+    w._begin(slot, claim)
+    child_end.send(("finishing", claim.id))
+    # When a heartbeat finds it finished (as cancelled), or its timeout passes, before
+    # the parent read the child's word
+    if why == "cancel":
+        slot.cancel_requested = True
+    else:
+        slot.deadline = time.monotonic() - 1
+    w._enforce()
+    # Then nothing is killed: the child's word, sent first, was read first
+    assert killed == [] and slot.finishing
+    # and a job that is still running is killed as before
+    w._begin(slot, claim)
+    slot.cancel_requested = True
+    w._enforce()
+    assert killed == ["cancel"]

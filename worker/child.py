@@ -9,9 +9,10 @@ A claim sent as the worker's only job (``alone``) that ends well, wrote no outpu
 reported no progress and has no result blobs is completed on the plane by this process,
 over its own connection: it tells the parent first (``("finishing", id)``: the job has
 ended, so a heartbeat that finds it finished kills nothing), then sends the completion,
-then ``("done", id, outcome, rss, seconds)`` (how long the completion took; None: the
-parent reports it). Any other outcome, or a completion that did not reach the plane or
-that the plane refused as unreadable, the parent reports.
+then ``("done", id, outcome, rss, True, seconds)`` (how long the completion took; None
+for this process's first, which opens its connection). Otherwise ``("done", id,
+outcome, rss, False, None)``: the parent reports it — any other outcome, a completion
+that did not reach the plane, or one the plane refused as unreadable.
 """
 
 from __future__ import annotations
@@ -188,16 +189,18 @@ def child_main(
         out.flush()
         err.flush()
         out.job = err.job = None
-        reported: float | None = None  # seconds the completion took, if sent from here
+        reported, took = False, None
         if alone and not (told or out.wrote or err.wrote) and _completes_here(outcome):
             pipe.send(("finishing", job))
+            first = not opened
             started = time.monotonic()
-            if _complete_here(job_plane, claim, outcome):
-                reported = time.monotonic() - started
+            reported = _complete_here(job_plane, claim, outcome)
+            if reported and not first:  # (the first opened the connection: not a sample)
+                took = time.monotonic() - started
         for digest in [d for d in source.blobs if d not in bodies]:
             source.blobs.pop(digest, None)  # argument blobs go; function bodies stay
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        pipe.send(("done", job, outcome, rss_mb, reported))
+        pipe.send(("done", job, outcome, rss_mb, reported, took))
 
 
 def _completes_here(outcome: Outcome) -> bool:

@@ -423,10 +423,12 @@ class ProcessWorker:
     def _report(self, done: list[tuple[Claim, Outcome]]) -> None:
         started = time.monotonic()
         report_many(self.dispatch, done)
-        self._took_to_report(time.monotonic() - started)
+        if len(done) == 1 and not done[0][1].blobs:  # (a batch's time is not the plane's)
+            self._took_to_report(time.monotonic() - started)
 
     def _took_to_report(self, seconds: float) -> None:
-        """One report's time, into the running average :meth:`_alone` goes by."""
+        """One lone outcome's report time, into the running average :meth:`_alone`
+        goes by."""
         with self._cv:
             last = self.report_seconds
             self.report_seconds = seconds if last is None else (1 - _EMA) * last + _EMA * seconds
@@ -627,11 +629,11 @@ class ProcessWorker:
             with contextlib.suppress(LakeshoreError):
                 self.transport.report_progress(claim.id, claim.lease_token, msg[2], msg[3])
         elif kind == "done":
-            _, _, outcome, rss_mb, reported = msg
-            if reported is not None:
-                self._took_to_report(reported)
+            _, _, outcome, rss_mb, reported, took = msg
+            if took is not None:
+                self._took_to_report(took)
             self._flush_output(slot)
-            self._finish(slot, outcome, reported=reported is not None)
+            self._finish(slot, outcome, reported=reported)
             self._next_in_child(slot)
             slot.jobs += 1
             slot.recycle = slot.recycle or bool(
@@ -750,6 +752,7 @@ class ProcessWorker:
                 self._read(slot)
                 if slot.claim is None or slot.killed or slot.finishing:
                     continue
+                due = slot.deadline is not None and now >= slot.deadline
             if slot.cancel_requested:
                 self._kill(slot, "cancel")
             elif due:
