@@ -30,7 +30,7 @@ from ..errors import InvalidRequest, LakeshoreError
 from ..heap import keep_freed_memory
 from ..plane.model import Claim
 from ..wire import decode_payload
-from .execute import Outcome
+from .execute import Outcome, read_unchecked
 
 __all__ = ["CHUNK", "child_main", "fn_of"]
 
@@ -90,14 +90,7 @@ class _Blobs:
 
     def get_blob(self, digest: str) -> bytes:
         data = self.blobs.get(digest)
-        if data is None:
-            from ..http import HttpTransport  # (a job on a plane file never needs it)
-
-            transport = self.plane().transport
-            if isinstance(transport, HttpTransport):
-                return transport.get_blob(digest, check=False)  # the executor checks it
-            data = transport.get_blob(digest)
-        return data
+        return read_unchecked(self.plane().transport, digest) if data is None else data
 
     def inline_limit(self) -> int:
         return self.limit

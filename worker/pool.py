@@ -42,9 +42,9 @@ from .. import logs
 from ..dispatch import Dispatch
 from ..errors import LakeshoreError, Throttled, Unavailable
 from ..plane.model import Claim
-from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload, verified
+from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload
 from .child import CHUNK, child_main, fn_of
-from .execute import Outcome
+from .execute import Outcome, read_unchecked
 from .loop import default_worker_id
 from .report import report_many
 
@@ -572,9 +572,10 @@ class ProcessWorker:
             self._begin(slot, nxt)
 
     def _blob(self, digest: str) -> bytes:
+        """A blob for a child, read once (the child's executor checks it before use)."""
         data = self._blob_cache.get(digest)
         if data is None:
-            data = verified(digest, self.transport.get_blob(digest))
+            data = read_unchecked(self.transport, digest)
             if len(self._blob_cache) > 256:
                 self._blob_cache.clear()
             self._blob_cache[digest] = data
