@@ -249,7 +249,8 @@ def encode_result(
         try:
             env = {"v": WIRE_VERSION, "kind": "msgpack", "data": value}
             data = pack(env)
-            unpack(data)  # what a reader can decode (a map with int keys it cannot)
+            if not isinstance(value, _FLAT):  # (a map inside: its keys may be unreadable)
+                unpack(data)  # what a reader can decode (a map with int keys it cannot)
         except (TypeError, ValueError, OverflowError, InvalidRequest):
             env = None
     if env is None:
@@ -279,6 +280,8 @@ def result_blob(data: bytes) -> str | None:
     return None
 
 
+#: values with no map inside (nothing a reader could fail to decode)
+_FLAT = (str, bytes, int, float, bool, type(None))
 #: the kinds of result envelope
 RESULT_KINDS = frozenset({"msgpack", "pickle", "blob", "data"})
 
