@@ -9,11 +9,13 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.clock import FakeClock
+from dreamlake.lakeshore.server import LocalServer
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -35,3 +37,12 @@ def dispatch() -> Iterator[dls.Dispatch]:
     dp = dls.Dispatch(":memory:")
     yield dp
     dp.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[LocalServer]:
+    """``lakeshore serve`` on a plane file in the test's folder, stopped after."""
+    server = LocalServer(tmp_path / "plane.db")
+    server.start()
+    yield server
+    server.stop()

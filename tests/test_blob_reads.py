@@ -13,12 +13,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import pytest
+from support import role_token
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore import wire
@@ -30,21 +31,6 @@ from dreamlake.lakeshore.plane import Plane
 from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.worker.pool import ProcessWorker
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[LocalServer]:
-    server = LocalServer(tmp_path / "plane.db")
-    server.start()
-    yield server
-    server.stop()
-
-
-def _token(server: LocalServer, role: str) -> str:
-    assert server.admin_token is not None
-    with dls.Dispatch(server.url, token=server.admin_token) as admin:
-        secret = admin.transport.create_token(role)["token"]  # type: ignore[attr-defined]
-    return str(secret)
 
 
 def test_serve_answers_a_blob_with_the_bytes_the_store_read_and_lambda_in_base64(
@@ -88,7 +74,7 @@ def test_a_blob_read_unchecked_is_the_stored_bytes_and_checked_is_refused(
     # Given a blob on the plane whose stored bytes were changed behind its back
     data = b"honest bytes" * 1000
     digest = hashlib.sha256(data).hexdigest()
-    with dls.Dispatch(served.url, token=_token(served, "producer")) as dp:
+    with dls.Dispatch(served.url, token=role_token(served, "producer")) as dp:
         dp.upload({digest: data})
         stored = served.plane_path.with_name(served.plane_path.name + ".blobs") / digest
         stored.write_bytes(b"other bytes")
@@ -126,8 +112,8 @@ def test_a_process_worker_over_http_refuses_arguments_that_do_not_match_their_di
     # Given an invocation whose arguments travelled as a blob (over the inline limit)
     marker = tmp_path / "tampered-code-ran"
     with (
-        dls.Dispatch(served.url, token=_token(served, "producer")) as producer,
-        dls.Dispatch(served.url, token=_token(served, "worker")) as worker_dp,
+        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
+        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker_dp,
     ):
         q = dls.SyncQueue("tamper", dispatch=producer)
         inv = q.submit(_honest(), b"x" * (300 * 1024))

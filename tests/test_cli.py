@@ -10,11 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support import wait_for
 from typer.testing import CliRunner
 
 import dreamlake.lakeshore as dls
@@ -28,13 +29,6 @@ runner = CliRunner()
 def run(*args: str) -> tuple[int, str]:
     result = runner.invoke(app, list(args))
     return result.exit_code, result.output
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def slow_square(x: int, seconds: float) -> int:
@@ -165,7 +159,7 @@ def test_sigterm_drains_a_worker_and_exits_0(plane: str) -> None:
         inv = q.submit(slow_square, 7, 1.5)
         worker = spawn("worker", "start", "-q", "drain", "--plane", plane)
         try:
-            wait_for(lambda: q.status(inv) == "running")
+            wait_for(lambda: q.status(inv) == "running", timeout=30)
             worker.send_signal(signal.SIGTERM)
             assert worker.wait(timeout=30) == 0
         finally:
@@ -180,7 +174,7 @@ def test_a_killed_worker_s_job_is_redelivered_and_recorded_once(plane: str) -> N
         inv = q.submit(slow_square, 8, 2)
         first = spawn("worker", "start", "-q", "crashy", "--plane", plane, "--lease", "2")
         try:
-            wait_for(lambda: q.status(inv) == "running")
+            wait_for(lambda: q.status(inv) == "running", timeout=30)
             first.kill()  # kill -9: no goodbye, the lease just runs out
             first.wait(timeout=10)
             second = spawn("worker", "start", "-q", "crashy", "--plane", plane, "--lease", "2")
@@ -202,7 +196,7 @@ def test_daemon_update_adds_a_queue_to_a_running_daemon(plane: str, tmp_path: Pa
         daemon = spawn("daemon", "start", "--name", "box", "--plane", plane, "--heartbeat", "0.2")
         try:
             with dls.Dispatch(plane) as dp:
-                wait_for(lambda: len(dp.transport.list_daemons()) == 1)
+                wait_for(lambda: len(dp.transport.list_daemons()) == 1, timeout=30)
                 (rec,) = dp.transport.list_daemons()
                 q = dls.SyncQueue("new-work", dispatch=dp)
                 inv = q.submit(slow_square, 3, 0)

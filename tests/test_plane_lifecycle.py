@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support import wait_for
 
 from dreamlake.lakeshore.clock import FakeClock
 from dreamlake.lakeshore.errors import (
@@ -1262,10 +1263,7 @@ def test_a_held_park_on_a_capped_queue_is_woken_by_a_finish(plane: Plane) -> Non
 def waiting(changes: Any, n: int) -> None:
     """Return once ``n`` threads sleep in claim waits (nothing announces it: the
     condition's own list of sleepers is looked at until it holds ``n``)."""
-    deadline = time.monotonic() + 5
-    while len(changes._work._waiters) < n:
-        assert time.monotonic() < deadline, "the claim waits did not start"
-        time.sleep(0.001)
+    wait_for(lambda: len(changes._work._waiters) >= n, 5, "the claim waits did not start", 0.001)
 
 
 def test_a_submit_wakes_as_many_claim_waits_as_records_and_a_wake_is_passed_on(

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support import role_token, wait_for
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.errors import InvalidRequest, LeaseLost, Unavailable
@@ -69,13 +70,6 @@ def worker(
         w.request_stop()
         thread.join(timeout=30)
         assert not thread.is_alive(), "the worker did not stop"
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.02)
 
 
 @pytest.fixture
@@ -296,20 +290,13 @@ def loud(x: int) -> int:
 
 
 @pytest.fixture
-def remote(tmp_path: Path) -> Iterator[tuple[dls.Dispatch, dls.Dispatch]]:
+def remote(served: LocalServer) -> Iterator[tuple[dls.Dispatch, dls.Dispatch]]:
     """A producer's and a worker's Dispatch on ``lakeshore serve``."""
-    server = LocalServer(tmp_path / "plane.db")
-    server.start()
-    try:
-        with dls.Dispatch(server.url, token=server.admin_token) as admin:
-            tokens = [admin.transport.create_token(r)["token"] for r in ("producer", "worker")]  # type: ignore[attr-defined]
-        with (
-            dls.Dispatch(server.url, token=tokens[0]) as producer,
-            dls.Dispatch(server.url, token=tokens[1]) as worker_dp,
-        ):
-            yield producer, worker_dp
-    finally:
-        server.stop()
+    with (
+        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
+        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker_dp,
+    ):
+        yield producer, worker_dp
 
 
 def parent_reports(monkeypatch: pytest.MonkeyPatch, dp: dls.Dispatch) -> list[list[str]]:

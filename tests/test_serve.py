@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_for
 
 from dreamlake.lakeshore import wire
 from dreamlake.lakeshore.plane import Plane
@@ -390,10 +391,9 @@ def test_a_waiting_request_beyond_the_threads_is_503_at_once(tmp_path: Path) -> 
 
             pollers.append(threading.Thread(target=poll))
             pollers[-1].start()
-        deadline = time.monotonic() + 5
-        while server.asgi is not None and server.asgi.in_flight < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        asgi = server.asgi
+        assert asgi is not None
+        wait_for(lambda: asgi.in_flight >= 2, 5, "the long polls did not take their threads")
         conn = connect(server.url)
         began = time.monotonic()
         status, headers, body = request(conn, "POST", "/v1/invocations/wait", big, token=admin)
@@ -435,10 +435,8 @@ def test_parked_waits_hold_no_thread_and_wake_on_the_change_they_wait_for(
         waiters = [threading.Thread(target=claim, args=(f"w{i}", 5.0)) for i in range(40)]
         for t in waiters:
             t.start()
-        deadline = time.monotonic() + 5
-        while len(server.asgi._parked) < 40:
-            assert time.monotonic() < deadline, len(server.asgi._parked)
-            time.sleep(0.01)
+        asgi = server.asgi
+        wait_for(lambda: len(asgi._parked) >= 40, 5, "the claims were not parked")
         assert server.asgi.in_flight == 0  # parked: no thread held
         # When one job is submitted
         job = {"invocations": [{"queue": "q", "ref": "m:f"}]}
@@ -496,10 +494,8 @@ def test_a_parked_result_wait_answers_when_its_invocation_finishes(tmp_path: Pat
         ]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 5
-        while len(server.asgi._parked) < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        asgi = server.asgi
+        wait_for(lambda: len(asgi._parked) >= 2, 5, "the waits were not parked")
         _, _, claimed = request(
             conn, "POST", "/v1/claims", {"queues": ["q"], "worker": "w", "wait": 1}, token=admin
         )

@@ -10,7 +10,6 @@ sort and the core's order keys meet.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_for
 
 from dreamlake.lakeshore.clock import FakeClock
 from dreamlake.lakeshore.errors import InvalidRequest, LeaseLost, UnknownInvocation
@@ -1580,10 +1580,8 @@ def test_a_plane_files_wal_is_checkpointed_in_the_background_not_by_a_commit(
     # When about 2 MB of records are written (well under the writers' own mark)
     s.insert_many([record(f"r{i}", payload=bytes(2000)) for i in range(1000)])
     # Then the thread copies them into the file (it grows), and every record reads back
-    deadline = time.monotonic() + 10
-    while db_file.stat().st_size < before + 1_000_000:
-        assert time.monotonic() < deadline, "the WAL was not checkpointed"
-        time.sleep(0.02)
+    grown = before + 1_000_000
+    wait_for(lambda: db_file.stat().st_size >= grown, 10, "the WAL was not checkpointed")
     other = SqliteStore(tmp_path / "plane.db")
     assert len(other.get_many([f"r{i}" for i in range(1000)])) == 1000
     # And closing the store ends its thread

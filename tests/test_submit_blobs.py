@@ -26,6 +26,7 @@ import msgpack
 import pytest
 import yaml
 from openapi_schema_validator import OAS31Validator
+from support import role_token
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore import wire
@@ -260,19 +261,8 @@ def test_a_body_in_parts_arrives_whole_with_its_length(client: str) -> None:
     assert b"transfer-encoding" not in head.lower()
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[LocalServer]:
-    server = LocalServer(tmp_path / "plane.db")
-    server.start()
-    yield server
-    server.stop()
-
-
 def _dispatch(server: LocalServer, role: str) -> dls.Dispatch:
-    assert server.admin_token is not None
-    with dls.Dispatch(server.url, token=server.admin_token) as admin:
-        token = admin.transport.create_token(role)["token"]  # type: ignore[attr-defined]
-    return dls.Dispatch(server.url, token=token)
+    return dls.Dispatch(server.url, token=role_token(server, role))
 
 
 class Requests:

@@ -1,0 +1,32 @@
+"""Helpers the tests share (imported as ``support``: the tests folder is on the path)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.server import LocalServer
+
+
+def wait_for(
+    predicate: Callable[[], bool],
+    timeout: float = 20.0,
+    message: str = "condition not reached in time",
+    every: float = 0.01,
+) -> None:
+    """Return once ``predicate()`` holds: for a state that nothing announces (threads
+    asleep in a condition, requests parked in a server, a file a thread writes), looked
+    at again every ``every`` seconds, failing after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, message
+        time.sleep(every)
+
+
+def role_token(server: LocalServer, role: str) -> str:
+    """A new token of ``role`` on a running :class:`LocalServer` (made by its admin)."""
+    assert server.admin_token is not None
+    with dls.Dispatch(server.url, token=server.admin_token) as admin:
+        secret = admin.transport.create_token(role)["token"]  # type: ignore[attr-defined]
+    return str(secret)
