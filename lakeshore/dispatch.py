@@ -33,7 +33,7 @@ from .errors import QueueNotFound
 from .plane import Plane, QueueSpec, Submission
 from .plane.kinds import check_settings
 from .stores import SqliteStore
-from .transport import Transport
+from .transport import Transport, put_missing
 
 __all__ = ["BlobCarrier", "Dispatch", "QueueCreatedWarning"]
 
@@ -199,8 +199,7 @@ class Dispatch:
         new = self._unsent(blobs)
         if not new:
             return
-        for d in self.transport.missing_blobs(new):
-            self.transport.put_blob(d, blobs[d])
+        put_missing(self.transport, new)
         with self._lock:
             self._blobs.update(new)
 

@@ -8,7 +8,7 @@ so everything above this line is tested end to end without a network.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .plane.model import (
@@ -22,7 +22,15 @@ from .plane.model import (
     Submission,
 )
 
-__all__ = ["AsyncResults", "Transport"]
+__all__ = ["AsyncResults", "Transport", "put_missing"]
+
+
+def put_missing(transport: Transport, blobs: Mapping[str, bytes]) -> None:
+    """Upload those of ``blobs`` the plane does not hold yet (one question, then a put
+    each): content-addressed, so a blob already there is never sent again."""
+    if blobs:
+        for digest in transport.missing_blobs(blobs):
+            transport.put_blob(digest, blobs[digest])
 
 
 class Transport(Protocol):

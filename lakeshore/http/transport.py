@@ -39,6 +39,7 @@ from ..plane.model import (
     State,
     Submission,
 )
+from ..transport import put_missing
 from ..wire import pack, verified
 from .answers import date_offset, decode_map
 from .connections import origin_of
@@ -227,9 +228,7 @@ class HttpTransport(Session):
         take: dict[str, bytes] = {}
         if len(items) <= limits.max_batch:
             take = carried(sum(len(pack(item)) for item in items), blobs, limits)
-        rest = [d for d in blobs if d not in take]
-        for digest in self.missing_blobs(rest) if rest else ():
-            self.put_blob(digest, blobs[digest])
+        put_missing(self, {d: b for d, b in blobs.items() if d not in take})
         if not take:
             return self._submit_items(items)
         answer = self._call_parts("POST", "/v1/invocations", carrying_body(items, take))
