@@ -100,7 +100,6 @@ class WorkerOps(PlaneBase):
                 while more and len(claims) < limit:
                     got, more = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
                     claims.extend(got)
-                    more = more and bool(got)
         for name in {c.queue for c in claims}:
             self._touch(name, self.clock.now())
         return claims
@@ -109,8 +108,9 @@ class WorkerOps(PlaneBase):
         self, spec: QueueSpec, worker: str, want: int, lease_seconds: float
     ) -> tuple[list[Claim], bool]:
         """One pass over the head of one queue: what it leased, and whether another pass
-        may find more (not when the read came back short and every lease held: the
-        queue had no more then, and what arrived since woke the claim's wait)."""
+        may find more (not when it leased nothing, nor when the read came back short and
+        every lease held: the queue had no more then, and what arrived since woke the
+        claim's wait)."""
         now = self.clock.now()
         cap = running_cap(spec)
         boltzmann = spec.kind == "boltzmann"
@@ -140,7 +140,7 @@ class WorkerOps(PlaneBase):
                 break
         if boltzmann and got:
             self.store.queue_counter(spec.name, len(got))
-        return got, lost_any or len(candidates) >= fetch
+        return got, bool(got) and (lost_any or len(candidates) >= fetch)
 
     def _at_cap(self, queue: str, cap: int) -> bool:
         return self.store.running(queue) >= cap
