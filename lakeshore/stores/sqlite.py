@@ -347,23 +347,30 @@ class SqliteStore:
                 self._db.execute("COMMIT")
 
     # --- queues -------------------------------------------------------------
-    def put_queue(self, spec: QueueSpec, now: float) -> QueueSpec:
+    @contextmanager
+    def _queues_tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction on queue specs: the specs kept (see :meth:`get_queue`)
+        are dropped after it, whether it committed or not."""
         try:
             with self._tx() as db:
-                db.execute(
-                    "INSERT OR IGNORE INTO queues (name, spec, created_at, last_activity)"
-                    " VALUES (?, ?, ?, ?)",
-                    (spec.name, _spec_to_blob(spec), now, now),
-                )
-                row = db.execute("SELECT spec FROM queues WHERE name = ?", (spec.name,)).fetchone()
+                yield db
         finally:
             self._specs.clear()
+
+    def put_queue(self, spec: QueueSpec, now: float) -> QueueSpec:
+        with self._queues_tx() as db:
+            db.execute(
+                "INSERT OR IGNORE INTO queues (name, spec, created_at, last_activity)"
+                " VALUES (?, ?, ?, ?)",
+                (spec.name, _spec_to_blob(spec), now, now),
+            )
+            row = db.execute("SELECT spec FROM queues WHERE name = ?", (spec.name,)).fetchone()
         return _spec_from_blob(spec.name, row[0])
 
     def get_queue(self, name: str) -> QueueSpec | None:
         with self._lock:
             if self.shared:
-                marker = self._db.execute("PRAGMA data_version").fetchone()[0]
+                marker = self.change_marker()
                 if marker != self._specs_marker:
                     self._specs.clear()
                     self._specs_marker = marker
@@ -384,30 +391,24 @@ class SqliteStore:
         return [(_spec_from_blob(n, s), a) for n, s, a in rows]
 
     def replace_queue(self, spec: QueueSpec, now: float) -> bool:
-        try:
-            with self._tx() as db:
-                cur = db.execute(
-                    "UPDATE queues SET spec = ?, last_activity = ? WHERE name = ?",
-                    (_spec_to_blob(spec), now, spec.name),
-                )
-        finally:
-            self._specs.clear()
+        with self._queues_tx() as db:
+            cur = db.execute(
+                "UPDATE queues SET spec = ?, last_activity = ? WHERE name = ?",
+                (_spec_to_blob(spec), now, spec.name),
+            )
         return cur.rowcount == 1
 
     def delete_queue(self, name: str, *, invocations: bool = True) -> int:
-        try:
-            with self._tx() as db:
-                gone = 0
-                if invocations:
-                    db.execute(
-                        "DELETE FROM logs WHERE invocation IN"
-                        " (SELECT id FROM invocations WHERE queue = ?)",
-                        (name,),
-                    )
-                    gone = db.execute("DELETE FROM invocations WHERE queue = ?", (name,)).rowcount
-                db.execute("DELETE FROM queues WHERE name = ?", (name,))
-        finally:
-            self._specs.clear()
+        with self._queues_tx() as db:
+            gone = 0
+            if invocations:
+                db.execute(
+                    "DELETE FROM logs WHERE invocation IN"
+                    " (SELECT id FROM invocations WHERE queue = ?)",
+                    (name,),
+                )
+                gone = db.execute("DELETE FROM invocations WHERE queue = ?", (name,)).rowcount
+            db.execute("DELETE FROM queues WHERE name = ?", (name,))
         return gone
 
     def touch_queue(self, name: str, now: float) -> None:
