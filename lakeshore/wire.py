@@ -289,9 +289,7 @@ RESULT_KINDS = frozenset({"msgpack", "pickle", "blob", "data"})
 def check_result(data: bytes) -> None:
     """Raise :class:`InvalidRequest` unless ``data`` is a result envelope a reader can
     decode (what a completion must carry; the value inside is not unpickled here)."""
-    env = unpack(data)
-    if not isinstance(env, dict) or env.get("v") != WIRE_VERSION:
-        raise InvalidRequest("result envelope has an unknown version")
+    env = _result_envelope(data)
     kind = env.get("kind")
     if not isinstance(kind, str) or kind not in RESULT_KINDS:
         raise InvalidRequest(f"unknown result kind {kind!r}")
@@ -301,10 +299,15 @@ def check_result(data: bytes) -> None:
         raise InvalidRequest("blob result envelope needs a sha256 digest")
 
 
-def decode_result(data: bytes) -> Any:
+def _result_envelope(data: bytes) -> dict[str, Any]:
     env = unpack(data)
     if not isinstance(env, dict) or env.get("v") != WIRE_VERSION:
         raise InvalidRequest("result envelope has an unknown version")
+    return env
+
+
+def decode_result(data: bytes) -> Any:
+    env = _result_envelope(data)
     if env.get("kind") == "msgpack":
         return env.get("data")
     if env.get("kind") == "data":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -34,6 +33,7 @@ from ..plane.model import (
     State,
     TokenRecord,
 )
+from ..wire import is_digest
 
 __all__ = ["SqliteStore"]
 
@@ -116,7 +116,6 @@ _LAST_FINISH = "SELECT coalesce(max(finish_seq), 0) FROM invocations WHERE finis
 _NEXT_FINISH = f"(({_LAST_FINISH}) + 1)"
 
 #: a blob's digest as put_blob receives it (the plane checks it against the bytes)
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 _COLUMNS = [f.name for f in fields(Invocation)]
 _COLUMN_SET = frozenset(_COLUMNS)
@@ -712,7 +711,7 @@ class SqliteStore:
     # which stalls every other write behind it). A ":memory:" plane keeps them in its
     # table, as do plane files written before (read from there when no file has them).
     def _blob_path(self, digest: str) -> Path | None:
-        if self._blob_dir is None or not _SHA256.fullmatch(digest):
+        if self._blob_dir is None or not is_digest(digest):
             return None
         return self._blob_dir / digest
 
