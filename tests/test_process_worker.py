@@ -253,6 +253,44 @@ def test_short_jobs_queued_behind_a_running_one_run_in_order_and_a_cancelled_one
         assert not Path(marks[shorts.index(victim)]).exists()
 
 
+def test_a_busy_worker_whose_queue_ran_dry_leaves_new_work_to_an_idle_one(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a one-slot worker whose recent jobs were short (a buffer of claims would be
+    # worth holding: kept so here however long the running job takes), running a slow
+    # job with nothing else on its queue
+    monkeypatch.setattr(pool, "_PREFETCH_SECONDS", 60.0)
+    asking: list[int] = []  # the worker's claims in flight
+    claim = dp.transport.claim
+
+    def counted(*args: Any, **kwargs: Any) -> list[Claim]:
+        asking.append(kwargs["limit"])
+        try:
+            return claim(*args, **kwargs)
+        finally:
+            asking.pop()
+
+    monkeypatch.setattr(dp.transport, "claim", counted)
+    q = dls.SyncQueue("dry", dispatch=dp)
+    with worker(dp, "dry") as (w, claimed):
+        assert q.result(q.submit(square, 2), timeout=30) == 4
+        slow = q.submit(sleepy, 2.0)
+        wait_for(lambda: any(s.claim is not None and s.claim.id == slow for s in w._slots))
+        # When it has run a while, and a call comes
+        time.sleep(0.3)
+        assert asking == []  # (no claim of the busy worker waits on the plane)
+        inv = q.submit(square, 3)
+        # Then another worker gets it, not the busy one
+        (got,) = claim(["dry"], "idle", limit=1, wait=5)
+        assert got.id == inv
+        dp.transport.complete(got.id, got.lease_token, encode_result(9)[0])
+        assert q.result(inv, timeout=30) == 9
+        # And once its slot is free it asks again, and takes the next call
+        assert q.result(slow, timeout=30) == {"woke": True}
+        assert q.result(q.submit(square, 4), timeout=30) == 16
+        assert [c.id for c in claimed].count(inv) == 0
+
+
 def test_a_sigterm_while_a_daemon_registers_stops_it_cleanly(
     dp: dls.Dispatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

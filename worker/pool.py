@@ -13,8 +13,12 @@
 The prefetch buffer holds claims beyond the free slots only while jobs are short: it
 covers about :data:`_PREFETCH_SECONDS` of work at the recent job time (at most
 ``prefetch`` claims), and is empty when jobs take longer than that — a long job never
-waits on a busy worker while another is idle. Buffered claims are heartbeated like
-running ones, dropped when cancelled and handed back when the worker stops.
+waits on a busy worker while another is idle. Only a worker with a free slot waits on
+the plane for work: one whose slots are all busy tops its buffer up from work already
+queued, without waiting (a claim parked there would take the next call from an idle
+worker), and once that comes back short, asks again when a slot frees. Buffered claims
+are heartbeated like running ones, dropped when cancelled and handed back when the
+worker stops.
 
 A job that crashes (segfault, ``os._exit``) or leaks memory takes down its child only:
 the slot is respawned and the invocation failed (or retried by policy). Signals only
@@ -185,6 +189,8 @@ class ProcessWorker:
         self.job_seconds: float | None = None
         #: claims leased and waiting for a free slot, oldest first
         self._ready: deque[Claim] = deque()
+        #: claims taken from it that the main loop is starting now
+        self._starting = 0
         #: when each of them arrived (monotonic)
         self._ready_since: dict[str, float] = {}
         #: when a slot last started a job (monotonic)
@@ -296,18 +302,24 @@ class ProcessWorker:
     # ------------------------------------------------------------------ claims
     def _fetch_loop(self) -> None:
         """Keep the free slots and the buffer supplied with claims (long-polls)."""
+        dry = False  # the last claim came back short: the queues had no more then
         while not self._stopping.is_set():
             with self._cv:
                 room = self.concurrency + self._buffer_target() - self.running - len(self._ready)
-                if room <= 0 or not self.queues:
+                free = self.running + self._starting < self.concurrency
+                # Every slot busy: the buffer takes only work already queued (a claim
+                # waiting on the plane would take the next call from an idle worker),
+                # and once the queues ran dry, nothing until a slot frees.
+                if room <= 0 or not self.queues or (dry and not free):
                     self._cv.wait(0.5)
                     continue
+            limit = min(room, 500)
             try:
                 claims = self.transport.claim(
                     self.queues,
                     self.worker_id,
-                    limit=min(room, 500),
-                    wait=self.max_idle_wait,
+                    limit=limit,
+                    wait=self.max_idle_wait if free else 0,
                     lease_seconds=self.lease_seconds,
                     should_stop=self._stopping.is_set,
                 )
@@ -320,6 +332,7 @@ class ProcessWorker:
                 log.exception("lakeshore worker: claim failed; retrying")
                 self._beat_stop.wait(1.0)
                 continue
+            dry = len(claims) < limit
             if claims:
                 now = time.monotonic()
                 idle = self.running < self.concurrency
@@ -351,7 +364,7 @@ class ProcessWorker:
                 claim = self._take_ready(lambda c: True)
                 if claim is None:
                     return
-                self._start(slot, claim)
+                self._start_taken(slot, claim)
             while (
                 slot.claim is not None
                 and slot.claim.timeout is None
@@ -361,7 +374,7 @@ class ProcessWorker:
                 claim = self._take_ready(lambda c: c.timeout is None)
                 if claim is None:
                     break
-                self._start(slot, claim, behind=True)
+                self._start_taken(slot, claim, behind=True)
 
     def _take_ready(self, fits: Callable[[Claim], bool]) -> Claim | None:
         with self._cv:
@@ -369,8 +382,18 @@ class ProcessWorker:
                 return None
             claim = self._ready.popleft()
             self._ready_since.pop(claim.id, None)
+            self._starting += 1
             self._cv.notify_all()  # room for the fetcher
             return claim
+
+    def _start_taken(self, slot: _Slot, claim: Claim, *, behind: bool = False) -> None:
+        """Start a claim :meth:`_take_ready` gave; until it runs (or failed to load),
+        :attr:`_starting` counts it for the fetcher."""
+        try:
+            self._start(slot, claim, behind=behind)
+        finally:
+            with self._cv:
+                self._starting -= 1
 
     def _release_stale(self, now: float) -> None:
         """Buffered claims go back to the plane when the buffer stopped draining: no
