@@ -153,13 +153,21 @@ def test_invocation_verbs(plane: str) -> None:
 # --- workers and daemons as processes ----------------------------------------------------------
 
 
-def test_sigterm_drains_a_worker_and_exits_0(plane: str) -> None:
+def marked_square(x: int, seconds: float, mark: str) -> int:
+    Path(mark).touch()
+    return slow_square(x, seconds)
+
+
+def test_sigterm_drains_a_worker_and_exits_0(plane: str, tmp_path: Path) -> None:
+    started = tmp_path / "started"
     with dls.Dispatch(plane) as dp:
         q = dls.SyncQueue("drain", dispatch=dp)
-        inv = q.submit(slow_square, 7, 1.5)
+        inv = q.submit(marked_square, 7, 1.5, str(started))
         worker = spawn("worker", "start", "-q", "drain", "--plane", plane)
         try:
-            wait_for(lambda: q.status(inv) == "running", timeout=30)
+            # the job itself has begun ("running" on the plane is already true of a
+            # claim still in the worker's buffer, which a stop hands back untried)
+            wait_for(started.exists, timeout=30)
             worker.send_signal(signal.SIGTERM)
             assert worker.wait(timeout=30) == 0
         finally:
