@@ -876,9 +876,16 @@ def test_watch_fires_for_every_finished_state(plane: Plane, clock: FakeClock, ou
 
 def test_watch_fires_at_once_for_an_already_finished_invocation(plane: Plane) -> None:
     finished(plane)
+    told: list[object] = []
+    unsubscribe = plane.changes.subscribe(lambda n, queues: told.append(n))
+    finishes = plane.changes.finishes
     seen: list[Invocation] = []
     plane.watch(["job-1"], seen.append)
     assert [(r.id, r.result) for r in seen] == [("job-1", b"result")]
+    # and nothing else hears of it: that finish was news when it happened, not now
+    # (parked waits and cursor waits would all look again)
+    assert (told, plane.changes.finishes) == ([], finishes)
+    unsubscribe()
 
 
 def test_watch_does_not_fire_for_a_retry(plane: Plane) -> None:

@@ -263,18 +263,32 @@ class Changes:
 
         return unwatch
 
+    def deliver(self, records: Iterable[Invocation]) -> None:
+        """Fire the watches of records a look found finished (each watch fires once).
+        Unlike :meth:`finished` this is no news: their finish was told when it happened,
+        so nothing else is woken."""
+        with self._cond:
+            due = self._take_due(records)
+        for entry, rec in due:
+            entry.callback(rec)
+
+    def _take_due(self, records: Iterable[Invocation]) -> list[tuple[_Watch, Invocation]]:
+        """The watches the finished ``records`` fire, taken off the books (lock held)."""
+        due: list[tuple[_Watch, Invocation]] = []
+        for rec in records:
+            if rec.state not in FINISHED:
+                continue
+            for entry in self._watches.pop(rec.id, ()):
+                if rec.id not in entry.fired:
+                    entry.fired.add(rec.id)
+                    due.append((entry, rec))
+        return due
+
     def finished(self, records: Iterable[Invocation]) -> None:
         """Deliver finished records to their watchers (each watch fires once)."""
-        due: list[tuple[_Watch, Invocation]] = []
         records = list(records)
         with self._cond:
-            for rec in records:
-                if rec.state not in FINISHED:
-                    continue
-                for entry in self._watches.pop(rec.id, ()):
-                    if rec.id not in entry.fired:
-                        entry.fired.add(rec.id)
-                        due.append((entry, rec))
+            due = self._take_due(records)
             # Records not finished (retried: pending again) are new work for claims, and
             # a claim held back by a cap waits for finishes: both see a new generation.
             # A cursor wait listens to the finish count only (claim waits sleep on).

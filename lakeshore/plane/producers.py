@@ -130,7 +130,7 @@ class ProducerOps(PlaneBase):
             unwatch()
             missing = sorted(set(ids) - known)
             raise UnknownInvocation(f"no invocation {missing[0]!r} on this plane")
-        self._changes.finished(finished)
+        self._changes.deliver(finished)
         return unwatch
 
     def _finished_among(self, ids: list[str]) -> tuple[set[str], list[Invocation]]:
@@ -166,7 +166,8 @@ class ProducerOps(PlaneBase):
 
         def on_done(rec: Invocation) -> None:
             done.append(rec)
-            event.set()
+            if not event.is_set():  # (a look may hand in thousands)
+                event.set()
 
         count = self._changes.finishes  # before the watch looks: a later finish is a change
         unwatch = self.watch(ids, on_done)
