@@ -23,6 +23,7 @@ from urllib.parse import parse_qs
 
 import msgpack
 import pytest
+from support import wait_for
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.errors import (
@@ -683,6 +684,29 @@ def test_a_new_watch_does_not_wait_for_the_long_poll(loopback: Any, client: Any)
     # Then its callback fires at once, not when the first poll runs out
     assert fired.wait(2), "the new watch waited behind the long poll"
     assert time.monotonic() - started < 1.0
+
+
+def test_a_burst_of_watches_goes_out_in_a_poll_or_two(loopback: Any, client: Any) -> None:
+    # Given a client long-polling for one invocation that does not finish
+    server = loopback(max_wait=20.0)
+    t = client(server)
+    first, *rest = _submit(t, 301)
+    t.watch([first], lambda rec: None)
+    deadline = time.monotonic() + 5
+    while not server.requests("POST", "/v1/invocations/wait"):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # When 300 more are watched one at a time, a little apart (as asyncio.gather over
+    # many results does, each of its tasks adding its own)
+    for inv_id in rest:
+        t.watch([inv_id], lambda rec: None)
+        time.sleep(0.0005)
+    _finish(server.plane, n=301)
+    wait_for(lambda: not t._watches.owner)  # (an answered id is dropped)
+    # Then the pollers waited for the burst to end (or a while) before polling again:
+    # each cut poll is one the plane answered in full, into a closed socket
+    waits = server.requests("POST", "/v1/invocations/wait")
+    assert len(waits) <= 4, [len(w.body["ids"]) for w in waits]
 
 
 def test_unwatch_stops_callbacks(loopback: Any, client: Any) -> None:

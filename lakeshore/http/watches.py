@@ -38,8 +38,12 @@ __all__ = ["Watches"]
 # The package's logger, as before the split into modules: one name to configure.
 log = logging.getLogger(__package__)
 
-#: after a kick, let a burst of new watches gather before the next long-poll (seconds)
+#: after a kick, the next long-poll waits until no watch came for this long (seconds) ...
 _COALESCE = 0.01
+#: ... or this long passed: a burst of watches (``asyncio.gather`` over thousands of
+#: results) goes out in one poll, not one per kick — each cut poll's ids were still
+#: all read by the plane, which answered into a closed socket
+_COALESCE_MAX = 0.2
 #: after a poll that returned results, give other finishing ids a moment (seconds) ...
 _LINGER = 0.005
 #: ... and more when many are watched: each poll carries every id, so polling at once
@@ -69,10 +73,11 @@ class Watches:
     finished), so nothing is missed between two polls.
 
     A watch added while a poll is in flight that does not cover it *kicks* the poller:
-    the poll's socket is shut down, so the poller stops waiting at once, pauses
-    ``_COALESCE`` for more new watches to gather and polls again with the whole set
-    on a fresh connection. So a new id is awaited within a round trip, and a burst of
-    watches (``asyncio.gather`` over many results) costs a few polls, not one each.
+    the poll's socket is shut down, so the poller stops waiting at once, waits until no
+    new watch came for ``_COALESCE`` (at most ``_COALESCE_MAX``) and polls again with
+    the whole set on a fresh connection. So a new id is awaited within a round trip,
+    and a burst of watches (``asyncio.gather`` over many results) costs a poll or two,
+    not one each.
     """
 
     def __init__(self, transport: HttpTransport) -> None:
@@ -82,6 +87,10 @@ class Watches:
         self.entries: dict[str, list[_Watch]] = {}
         self.owner: dict[str, _Poller] = {}
         self.pollers: list[_Poller] = []
+        #: when a watch last gave a poller a new id (monotonic)
+        self.last_add = 0.0
+        #: set by close() (what a settling poller waits on: adds do not wake it)
+        self.gone = threading.Event()
 
     def add(
         self, ids: list[str], callback: Callable[[Invocation], None], finished: list[Invocation]
@@ -98,6 +107,7 @@ class Watches:
             if self.closed:
                 raise LakeshoreError(f"{self.transport!r} is closed")
             kick: set[_Poller] = set()
+            added = False
             for inv_id in ids:
                 if inv_id in done:
                     entry.fired.add(inv_id)
@@ -108,8 +118,11 @@ class Watches:
                     poller = self._poller_with_room()
                     poller.ids.add(inv_id)
                     self.owner[inv_id] = poller
+                    added = True
                     if poller.inflight is not None and inv_id not in poller.inflight:
                         kick.add(poller)
+            if added:
+                self.last_add = time.monotonic()
             for poller in kick:
                 poller.kick()
             self.cond.notify_all()
@@ -166,6 +179,16 @@ class Watches:
     def stopping(self) -> bool:
         return self.closed
 
+    def settle(self, quiet: float, most: float) -> None:
+        """Wait until no watch came for ``quiet`` seconds, at most ``most`` seconds (cut
+        short only by close())."""
+        deadline = time.monotonic() + most
+        while not self.gone.is_set():
+            left = min(self.last_add + quiet, deadline) - time.monotonic()
+            if left <= 0:
+                return
+            self.gone.wait(left)
+
     def sleep(self, seconds: float) -> None:
         """Sleep, cut short only by close()."""
         deadline = time.monotonic() + seconds
@@ -176,6 +199,7 @@ class Watches:
     def close(self) -> None:
         with self.cond:
             self.closed = True
+            self.gone.set()
             pollers = list(self.pollers)
             for poller in pollers:
                 poller.kick()
@@ -265,7 +289,7 @@ class _Poller:
                 conn.close()
                 if kicked:
                     failures = 0
-                    hub.sleep(_COALESCE)
+                    hub.settle(_COALESCE, _COALESCE_MAX)
                 elif isinstance(exc, UnknownInvocation):
                     self._recheck(snapshot)
                 else:
