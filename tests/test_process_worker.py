@@ -9,6 +9,7 @@ import os
 import subprocess
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -289,6 +290,23 @@ def test_a_busy_worker_whose_queue_ran_dry_leaves_new_work_to_an_idle_one(
         assert q.result(slow, timeout=30) == {"woke": True}
         assert q.result(q.submit(square, 4), timeout=30) == 16
         assert [c.id for c in claimed].count(inv) == 0
+
+
+def test_a_slot_is_free_when_it_has_no_job_whatever_waits_behind_another(
+    dp: dls.Dispatch,
+) -> None:
+    # Given two slots: one running a job with short ones queued behind it, one idle
+    w = ProcessWorker(dp, ["q"], concurrency=2)
+    busy, idle = w._slots
+    claim = Claim("i", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
+    busy.proc = idle.proc = SimpleNamespace(pid=-1)
+    busy.claim, busy.queued = claim, deque([claim, claim])
+    # Then a slot is free (the fetcher may wait on the plane for work), until a claim
+    # taken from the buffer is on its way to it
+    with w._cv:
+        assert w._has_free_slot()
+        w._starting = 1
+        assert not w._has_free_slot()
 
 
 def test_a_sigterm_while_a_daemon_registers_stops_it_cleanly(

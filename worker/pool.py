@@ -230,10 +230,13 @@ class ProcessWorker:
         return min(self.prefetch, per_slot * self.concurrency)
 
     def _resize(self) -> None:
-        while len(self._slots) < self.concurrency:
-            slot = _Slot(max((s.index for s in self._slots), default=-1) + 1)
-            self._spawn(slot)
-            self._slots.append(slot)
+        if len(self._slots) < self.concurrency:
+            while len(self._slots) < self.concurrency:
+                slot = _Slot(max((s.index for s in self._slots), default=-1) + 1)
+                self._spawn(slot)
+                self._slots.append(slot)
+            with self._cv:
+                self._cv.notify_all()  # free slots, for the fetcher
         for slot in list(self._slots):
             if len(self._slots) <= self.concurrency:
                 break
@@ -306,7 +309,7 @@ class ProcessWorker:
         while not self._stopping.is_set():
             with self._cv:
                 room = self.concurrency + self._buffer_target() - self.running - len(self._ready)
-                free = self.running + self._starting < self.concurrency
+                free = self._has_free_slot()
                 # Every slot busy: the buffer takes only work already queued (a claim
                 # waiting on the plane would take the next call from an idle worker),
                 # and once the queues ran dry, nothing until a slot frees.
@@ -394,6 +397,12 @@ class ProcessWorker:
         finally:
             with self._cv:
                 self._starting -= 1
+                self._cv.notify_all()  # (the fetcher may be waiting for a free slot)
+
+    def _has_free_slot(self) -> bool:
+        """Whether a slot has no job and none is on its way to it (``_cv`` held)."""
+        idle = sum(1 for s in self._slots if s.claim is None and s.proc is not None)
+        return idle > self._starting
 
     def _release_stale(self, now: float) -> None:
         """Buffered claims go back to the plane when the buffer stopped draining: no
@@ -477,7 +486,7 @@ class ProcessWorker:
                 self._reporting = True
             else:
                 self._done.append((claim, outcome))
-                self._cv.notify_all()
+            self._cv.notify_all()  # (a slot is free: the fetcher may claim meanwhile)
         if alone:
             try:
                 self._report([(claim, outcome)])
@@ -739,6 +748,8 @@ class ProcessWorker:
             slot.claim, slot.deadline, slot.pgid = None, None, None
         if not self._cold.is_set():
             self._spawn(slot)
+        with self._cv:
+            self._cv.notify_all()  # a free slot again, for the fetcher
 
     def _kill(self, slot: _Slot, reason: str) -> None:
         slot.killed = reason
