@@ -688,25 +688,44 @@ def test_a_new_watch_does_not_wait_for_the_long_poll(loopback: Any, client: Any)
 
 def test_a_burst_of_watches_goes_out_in_a_poll_or_two(loopback: Any, client: Any) -> None:
     # Given a client long-polling for one invocation that does not finish
-    server = loopback(max_wait=20.0)
+    server = loopback(max_wait=20.0, max_wait_ids=10_000)  # (one poller for them all)
     t = client(server)
-    first, *rest = _submit(t, 301)
+    first, *rest = _submit(t, 2001)
     t.watch([first], lambda rec: None)
-    deadline = time.monotonic() + 5
-    while not server.requests("POST", "/v1/invocations/wait"):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    # When 300 more are watched one at a time, a little apart (as asyncio.gather over
-    # many results does, each of its tasks adding its own)
+    wait_for(lambda: server.requests("POST", "/v1/invocations/wait"))
+    # When 2,000 more are watched one at a time, each a moment after the last (as
+    # asyncio.gather over many results does: each of its tasks adds its own)
     for inv_id in rest:
         t.watch([inv_id], lambda rec: None)
-        time.sleep(0.0005)
-    _finish(server.plane, n=301)
-    wait_for(lambda: not t._watches.owner)  # (an answered id is dropped)
-    # Then the pollers waited for the burst to end (or a while) before polling again:
-    # each cut poll is one the plane answered in full, into a closed socket
-    waits = server.requests("POST", "/v1/invocations/wait")
-    assert len(waits) <= 4, [len(w.body["ids"]) for w in waits]
+        time.sleep(0.0001)
+    # Then the poller waited for the burst to end (or a while) before polling again:
+    # each poll a new watch cuts is one the plane answered in full, into a closed socket
+    waits = lambda: server.requests("POST", "/v1/invocations/wait")  # noqa: E731
+    wait_for(lambda: any(len(w.body["ids"]) == 2001 for w in waits()))
+    assert len(waits()) <= 4, [len(w.body["ids"]) for w in waits()]
+
+
+def test_a_steady_stream_of_watches_does_not_hold_up_results(loopback: Any, client: Any) -> None:
+    # Given a client watching a new invocation every few milliseconds (tasks that each
+    # submit and await, at a steady pace)
+    server = loopback(max_wait=20.0)
+    t = client(server)
+    ids = _submit(t, 201)
+    claims = {c.id: c for c in server.plane.claim(["q"], "w", limit=201)}
+    result, _ = encode_result(1, prefer_msgpack=True)
+    fired: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    for k, inv_id in enumerate(ids):
+        t.watch([inv_id], lambda rec: fired.setdefault(rec.id, time.monotonic()))
+        if k % 40 == 20:  # When one watched a little before finishes meanwhile
+            done = claims[ids[k - 10]]
+            server.plane.complete(done.id, done.lease_token, result)
+            finished[done.id] = time.monotonic()
+        time.sleep(0.004)
+    # Then each fired within a poll or two, not after the stream paused
+    wait_for(lambda: set(finished) <= set(fired))
+    delays = sorted(fired[i] - finished[i] for i in finished)
+    assert delays[len(delays) // 2] < 0.1, delays
 
 
 def test_unwatch_stops_callbacks(loopback: Any, client: Any) -> None:

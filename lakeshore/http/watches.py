@@ -38,11 +38,14 @@ __all__ = ["Watches"]
 # The package's logger, as before the split into modules: one name to configure.
 log = logging.getLogger(__package__)
 
-#: after a kick, the next long-poll waits until no watch came for this long (seconds) ...
+#: after a kick, the next long-poll waits this long for more new watches (seconds) ...
 _COALESCE = 0.01
-#: ... or this long passed: a burst of watches (``asyncio.gather`` over thousands of
-#: results) goes out in one poll, not one per kick — each cut poll's ids were still
-#: all read by the plane, which answered into a closed socket
+#: ... and as long again while each such wait brought this many more (a burst still
+#: being added), at most ``_COALESCE_MAX`` in all: ``asyncio.gather`` over thousands of
+#: results adds one watch every few microseconds, and each cut poll's ids were still all
+#: read by the plane, which answered into a closed socket; a steady stream of watches
+#: (one every few milliseconds) polls as often as before
+_BURST = 20
 _COALESCE_MAX = 0.2
 #: after a poll that returned results, give other finishing ids a moment (seconds) ...
 _LINGER = 0.005
@@ -73,11 +76,11 @@ class Watches:
     finished), so nothing is missed between two polls.
 
     A watch added while a poll is in flight that does not cover it *kicks* the poller:
-    the poll's socket is shut down, so the poller stops waiting at once, waits until no
-    new watch came for ``_COALESCE`` (at most ``_COALESCE_MAX``) and polls again with
-    the whole set on a fresh connection. So a new id is awaited within a round trip,
-    and a burst of watches (``asyncio.gather`` over many results) costs a poll or two,
-    not one each.
+    the poll's socket is shut down, so the poller stops waiting at once, waits
+    ``_COALESCE`` (longer while a burst of watches is still coming, at most
+    ``_COALESCE_MAX``) and polls again with the whole set on a fresh connection. So a
+    new id is awaited within a round trip, and a burst of watches (``asyncio.gather``
+    over many results) costs a poll or two, not one each.
     """
 
     def __init__(self, transport: HttpTransport) -> None:
@@ -87,8 +90,8 @@ class Watches:
         self.entries: dict[str, list[_Watch]] = {}
         self.owner: dict[str, _Poller] = {}
         self.pollers: list[_Poller] = []
-        #: when a watch last gave a poller a new id (monotonic)
-        self.last_add = 0.0
+        #: how many watches gave a poller new ids so far
+        self.adds = 0
         #: set by close() (what a settling poller waits on: adds do not wake it)
         self.gone = threading.Event()
 
@@ -122,7 +125,7 @@ class Watches:
                     if poller.inflight is not None and inv_id not in poller.inflight:
                         kick.add(poller)
             if added:
-                self.last_add = time.monotonic()
+                self.adds += 1
             for poller in kick:
                 poller.kick()
             self.cond.notify_all()
@@ -179,15 +182,15 @@ class Watches:
     def stopping(self) -> bool:
         return self.closed
 
-    def settle(self, quiet: float, most: float) -> None:
-        """Wait until no watch came for ``quiet`` seconds, at most ``most`` seconds (cut
-        short only by close())."""
+    def settle(self, window: float, burst: int, most: float) -> None:
+        """Wait ``window`` seconds, and again while each wait brought ``burst`` or more
+        watches of new ids, at most ``most`` seconds in all (cut short by close())."""
         deadline = time.monotonic() + most
-        while not self.gone.is_set():
-            left = min(self.last_add + quiet, deadline) - time.monotonic()
-            if left <= 0:
+        while True:
+            seen = self.adds
+            left = min(window, deadline - time.monotonic())
+            if left <= 0 or self.gone.wait(left) or self.adds - seen < burst:
                 return
-            self.gone.wait(left)
 
     def sleep(self, seconds: float) -> None:
         """Sleep, cut short only by close()."""
@@ -289,7 +292,7 @@ class _Poller:
                 conn.close()
                 if kicked:
                     failures = 0
-                    hub.settle(_COALESCE, _COALESCE_MAX)
+                    hub.settle(_COALESCE, _BURST, _COALESCE_MAX)
                 elif isinstance(exc, UnknownInvocation):
                     self._recheck(snapshot)
                 else:
