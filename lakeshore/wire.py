@@ -283,7 +283,7 @@ def result_blob(data: bytes) -> str | None:
 #: values with no map inside (nothing a reader could fail to decode)
 _FLAT = (str, bytes, int, float, bool, type(None))
 #: the kinds of result envelope
-RESULT_KINDS = frozenset({"msgpack", "pickle", "blob", "data"})
+_RESULT_KINDS = frozenset({"msgpack", "pickle", "blob", "data"})
 
 
 def check_result(data: bytes) -> None:
@@ -291,7 +291,7 @@ def check_result(data: bytes) -> None:
     decode (what a completion must carry; the value inside is not unpickled here)."""
     env = _result_envelope(data)
     kind = env.get("kind")
-    if not isinstance(kind, str) or kind not in RESULT_KINDS:
+    if not isinstance(kind, str) or kind not in _RESULT_KINDS:
         raise InvalidRequest(f"unknown result kind {kind!r}")
     if kind == "pickle" and not isinstance(env.get("data"), bytes):
         raise InvalidRequest("pickle result envelope needs bytes")

@@ -277,7 +277,9 @@ def test_a_busy_worker_whose_queue_ran_dry_leaves_new_work_to_an_idle_one(
         assert q.result(q.submit(square, 2), timeout=30) == 4
         slow = q.submit(sleepy, 2.0)
         wait_for(lambda: any(s.claim is not None and s.claim.id == slow for s in w._slots))
-        # When it has run a while, and a call comes
+        # When it has run a while, and a call comes (the window is what the check of
+        # an absence needs: a worker that parks a claim while busy does so within
+        # milliseconds of starting the job, and nothing announces that it did not)
         time.sleep(0.3)
         assert asking == []  # (no claim of the busy worker waits on the plane)
         inv = q.submit(square, 3)

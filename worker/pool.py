@@ -230,11 +230,12 @@ class ProcessWorker:
         return min(self.prefetch, per_slot * self.concurrency)
 
     def _resize(self) -> None:
-        if len(self._slots) < self.concurrency:
-            while len(self._slots) < self.concurrency:
-                slot = _Slot(max((s.index for s in self._slots), default=-1) + 1)
-                self._spawn(slot)
-                self._slots.append(slot)
+        grew = len(self._slots) < self.concurrency
+        while len(self._slots) < self.concurrency:
+            slot = _Slot(max((s.index for s in self._slots), default=-1) + 1)
+            self._spawn(slot)
+            self._slots.append(slot)
+        if grew:
             with self._cv:
                 self._cv.notify_all()  # free slots, for the fetcher
         for slot in list(self._slots):
@@ -468,8 +469,8 @@ class ProcessWorker:
     def _record(self, claim: Claim, outcome: Outcome, *, reported: bool = False) -> None:
         with self._cv:
             self.completed += 1
+            self._cv.notify_all()  # a slot is free: the fetcher may claim meanwhile
             if reported:  # the job process completed it on the plane itself
-                self._cv.notify_all()
                 return
             # The only outcome and nothing else to do: report it from here, which saves
             # the hand-over to the reporter on a lone job's path. Otherwise the
@@ -486,7 +487,6 @@ class ProcessWorker:
                 self._reporting = True
             else:
                 self._done.append((claim, outcome))
-            self._cv.notify_all()  # (a slot is free: the fetcher may claim meanwhile)
         if alone:
             try:
                 self._report([(claim, outcome)])

@@ -115,8 +115,6 @@ CREATE TABLE IF NOT EXISTS blobs (
 _LAST_FINISH = "SELECT coalesce(max(finish_seq), 0) FROM invocations WHERE finish_seq IS NOT NULL"
 _NEXT_FINISH = f"(({_LAST_FINISH}) + 1)"
 
-#: a blob's digest as put_blob receives it (the plane checks it against the bytes)
-
 _COLUMNS = [f.name for f in fields(Invocation)]
 _COLUMN_SET = frozenset(_COLUMNS)
 _SELECT = ", ".join(_COLUMNS)
