@@ -407,6 +407,126 @@ def test_a_lone_silent_job_is_completed_by_its_job_process_while_reports_are_qui
     assert w.report_seconds is not None
 
 
+def parent_claims(monkeypatch: pytest.MonkeyPatch, dp: dls.Dispatch) -> list[list[str]]:
+    """The ids the worker's own process leases, claim by claim (empty ones left out)."""
+    leased: list[list[str]] = []
+    claim = dp.transport.claim
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        claims = claim(*args, **kwargs)
+        if claims:
+            leased.append([c.id for c in claims])
+        return claims
+
+    monkeypatch.setattr(dp.transport, "claim", counting)
+    return leased
+
+
+def idle_with_a_claiming_child(w: ProcessWorker, q: dls.SyncQueue) -> None:
+    """Warm ``w`` up (its first report measures the plane) until a job process of its
+    makes its claim (once the parent's own claim, sent before that, came back empty:
+    these tests wait 0.5 s a claim)."""
+    assert q.result(q.submit(square, 1), timeout=60) == 1
+    wait_for(lambda: any(s.claiming for s in w._slots))
+
+
+def test_an_idle_workers_claim_is_made_by_its_job_process_which_runs_what_it_leased(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle process worker on a plane close by (its job processes complete lone
+    # jobs: the bound is generous here, a loaded test machine is slow), with two slots
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("selfclaim", dispatch=producer)
+    leased = parent_claims(monkeypatch, worker_dp)
+    with worker(worker_dp, "selfclaim", concurrency=2, max_idle_wait=0.5) as (w, claimed):
+        idle_with_a_claiming_child(w, q)
+        before = len(leased)
+        # When calls come one at a time, and then six at once
+        lone = []
+        for i in range(3):
+            lone.append(q.submit(square, i))
+            assert q.result(lone[-1], timeout=60) == i * i
+            wait_for(lambda: any(s.claiming for s in w._slots))
+        with dls.batch():
+            burst = [q.submit(square, i) for i in range(6)]
+        assert [q.result(inv, timeout=60) for inv in burst] == [i * i for i in range(6)]
+        wait_for(lambda: w.completed == 10)
+    # Then a job process leased each lone call, and the burst's first two (a claim for
+    # both slots; the first ran in that job process, the second went to the other slot),
+    # the parent none of them; it claims itself only while the worker is busy
+    by_parent = {inv for ids in leased[before:] for inv in ids}
+    assert not by_parent & {*lone, *burst[:2]}
+    ids = [c.id for c in claimed]  # (and every call was started once)
+    assert set(lone + burst) <= set(ids) and len(ids) == len(set(ids)) == 10
+
+
+@pytest.mark.parametrize("stop", ["first", "cold"])
+def test_a_stop_while_a_job_process_claims_leaves_nothing_leased(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    # Given an idle worker whose job process waits on the plane for its claim
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("stopping", dispatch=producer)
+    w = ProcessWorker(worker_dp, ["stopping"], max_idle_wait=0.5)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    idle_with_a_claiming_child(w, q)
+    # When the worker is stopped (once: drain; twice: cold) and a call comes meanwhile
+    w.request_stop()
+    if stop == "cold":
+        w.request_stop()
+    inv = q.submit(square, 7)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    # Then the call is not held by the stopped worker: run by it before it stopped (its
+    # job process runs what it leased at once; a cold stop kills it if it still runs,
+    # and hands it back), or free for another now
+    if producer.transport.get(inv).state is not State.SUCCEEDED:
+        (claim,) = worker_dp.transport.claim(["stopping"], "other", limit=1, wait=5)
+        assert claim.id == inv
+
+
+def test_a_job_process_killed_while_it_claims_is_replaced_and_the_worker_carries_on(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("killed", dispatch=producer)
+    with worker(worker_dp, "killed", max_idle_wait=0.5) as (w, _):
+        idle_with_a_claiming_child(w, q)
+        # When the job process making the claim dies
+        (slot,) = w._slots
+        first = slot.proc
+        first.kill()
+        # Then a new one takes its place, and the next call runs
+        wait_for(lambda: slot.proc is not None and slot.proc is not first)
+        assert q.result(q.submit(square, 4), timeout=60) == 16
+
+
+@pytest.mark.parametrize(("job", "reason"), [(segfault, "SIGSEGV"), (hard_exit, "exit code 3")])
+def test_a_job_its_own_job_process_claimed_that_crashes_fails_and_the_worker_carries_on(
+    remote: tuple[dls.Dispatch, dls.Dispatch],
+    monkeypatch: pytest.MonkeyPatch,
+    job: Callable[[], None],
+    reason: str,
+) -> None:
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("crashself", dispatch=producer)
+    leased = parent_claims(monkeypatch, worker_dp)
+    with worker(worker_dp, "crashself", max_idle_wait=0.5) as (w, _):
+        idle_with_a_claiming_child(w, q)
+        before = len(leased)
+        bad = q.submit(job)
+        with pytest.raises(dls.RemoteError, match=reason) as info:
+            q.result(bad, timeout=30)
+        assert info.value.type_name == "dreamlake.lakeshore.WorkerCrashed"
+        assert len(leased) == before  # (its job process had claimed it)
+        assert q.result(q.submit(square, 5), timeout=30) == 25
+
+
 @pytest.mark.parametrize("job", ["prints", "reports progress"])
 def test_a_job_that_tells_its_parent_something_is_reported_by_the_parent_after_it(
     remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, job: str

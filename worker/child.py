@@ -5,6 +5,12 @@ A ``("skip", id)`` message cancels a claim sent earlier that has not started: th
 reads every message waiting before it starts the next job, so a skip that follows its
 run is seen in time (the answer is ``("skipped", id)``).
 
+A ``("claim", queues, worker, limit, wait, lease_seconds, alone)`` message asks this
+process to make its idle worker's claim over its own connection: it answers
+``("claimed", claims, None)`` (``("claimed", [], reason)`` when the claim failed) before
+anything else, then runs the first claim as if it had been sent (``alone`` when it is
+the only one), and leaves the others to the parent.
+
 A claim sent as the worker's only job (``alone``) that ends well, wrote no output,
 reported no progress and has no result blobs is completed on the plane by this process,
 over its own connection: it tells the parent first (``("finishing", id)``: the job has
@@ -148,6 +154,11 @@ def child_main(
         msg = inbox.popleft()
         if msg[0] == "stop":
             return
+        if msg[0] == "claim":
+            claims = _claim_here(job_plane, msg, pipe)
+            if claims:
+                inbox.appendleft(("run", claims[0], {}, msg[6] and len(claims) == 1))
+            continue
         _, claim, blobs, alone = msg
         fn = fn_of(claim)
         if fn is not None and fn in blobs:
@@ -194,6 +205,21 @@ def child_main(
             source.blobs.pop(digest, None)  # argument blobs go; function bodies stay
         rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         pipe.send(("done", job, outcome, rss_mb, reported, took))
+
+
+def _claim_here(plane: Callable[[], Dispatch], msg: tuple[Any, ...], pipe: _Sent) -> list[Claim]:
+    """Make the worker's claim the parent asked for, and tell the parent what it leased
+    before anything else (from then on the parent owns those leases)."""
+    _, queues, worker, limit, wait, lease_seconds, _alone = msg
+    try:
+        claims = plane().transport.claim(
+            queues, worker, limit=limit, wait=wait, lease_seconds=lease_seconds
+        )
+    except Exception as exc:  # (the parent logs it and asks again later)
+        pipe.send(("claimed", [], f"{type(exc).__name__}: {exc}"))
+        return []
+    pipe.send(("claimed", claims, None))
+    return claims
 
 
 def _completes_here(outcome: Outcome) -> bool:

@@ -2,7 +2,8 @@
 
 ::
 
-    fetcher thread: claims up to the free slots + a prefetch buffer (long-polls)
+    fetcher thread: claims up to the free slots + a prefetch buffer (long-polls), or
+                    leaves an idle worker's claim to a job process (below)
     main loop (one thread)                        child process per slot (reused)
     ─ start buffered claims on free slots ──run─▶ load payload, call it, capture
     ─ read child messages ◀──out/progress/done─── stdout/stderr and progress
@@ -19,6 +20,14 @@ queued, without waiting (a claim parked there would take the next call from an i
 worker), and once that comes back short, asks again when a slot frees. Buffered claims
 are heartbeated like running ones, dropped when cancelled and handed back when the
 worker stops.
+
+A worker with nothing to do on a plane close by (one that completes a lone job in its
+job process, see :meth:`ProcessWorker._alone`) leaves its claim to an idle slot's job
+process: the child long-polls over its own connection, tells the parent what it leased
+(``("claimed", claims, error)``, before anything else) and runs the first at once, so a
+lone call's claim, job and completion never pass through this process. The parent
+owns what the child leased from then on: it starts the others on free slots or buffers
+them, heartbeats them, kills on timeout or cancel, and hands them back on a stop.
 
 A job that crashes (segfault, ``os._exit``) or leaks memory takes down its child only:
 the slot is respawned and the invocation failed (or retried by policy). Signals only
@@ -77,6 +86,8 @@ _REPORTS_AFTER = 16
 _REPORT_HERE_SECONDS = 0.001
 #: buffered claims no slot could start for this long (seconds) go back to the plane
 _BUFFER_MAX_WAIT = 1.0
+#: seconds past its wait a job process making the worker's claim gets to answer a stop
+_CLAIM_GRACE = 5.0
 
 
 @dataclass
@@ -87,7 +98,7 @@ class _Slot:
     claim: Claim | None = None
     #: when the job must be done by (its timeout), in monotonic time
     deadline: float | None = None
-    #: why the parent killed the child: "cancel" | "timeout" | "cold" | None
+    #: why the parent killed the child: "cancel" | "timeout" | "cold" | "stop" | None
     killed: str | None = None
     #: process group of a running exec job
     pgid: int | None = None
@@ -111,6 +122,22 @@ class _Slot:
     skips: dict[str, Claim | None] = field(default_factory=dict)
     #: ids of ``skips`` the child has not been told of yet
     untold: set[str] = field(default_factory=set)
+    #: the child is making the worker's claim (see :class:`_Delegation`)
+    claiming: bool = False
+
+
+@dataclass
+class _Delegation:
+    """A claim the fetcher left to an idle slot's job process."""
+
+    limit: int
+    wait: float
+    #: the slot whose child makes it (None: not sent yet)
+    slot: _Slot | None = None
+    #: answered: what the child leased, or None when no child made it or it failed
+    done: bool = False
+    claims: list[Claim] | None = None
+    error: str | None = None
 
 
 def on_stop_signals(stop: Callable[[], None]) -> Callable[[], None]:
@@ -195,6 +222,10 @@ class ProcessWorker:
         self._ready_since: dict[str, float] = {}
         #: when a slot last started a job (monotonic)
         self._last_start = 0.0
+        #: the claim the fetcher left to a job process, until it is answered
+        self._delegated: _Delegation | None = None
+        #: when the main loop first saw a stop with a job process claiming (monotonic)
+        self._stop_seen: float | None = None
         #: outcomes waiting for the reporter
         self._done: list[tuple[Claim, Outcome]] = []
         self._reporting = False
@@ -241,7 +272,7 @@ class ProcessWorker:
         for slot in list(self._slots):
             if len(self._slots) <= self.concurrency:
                 break
-            if slot.claim is None:
+            if slot.claim is None and not slot.claiming:
                 self._retire(slot)
                 self._slots.remove(slot)
 
@@ -271,13 +302,16 @@ class ProcessWorker:
             while True:
                 if self._cold.is_set():
                     self._stop_cold()
-                    break
-                if self._stopping.is_set():
+                    if not self._claiming_on_stop():
+                        break
+                elif self._stopping.is_set():
                     self._hand_back_buffer()
-                    if not any(s.claim is not None for s in self._slots):
+                    claims = any(s.claim is not None for s in self._slots)
+                    if not self._claiming_on_stop() and not claims:
                         break
                 self._resize()
                 self._start_ready()
+                self._delegate()
                 self._pump(0.05)
                 self._enforce()
                 if time.monotonic() >= self._next_flush:
@@ -286,6 +320,7 @@ class ProcessWorker:
         finally:
             self._stopping.set()
             with self._cv:
+                self._answer_delegation(None, None, None)
                 self._cv.notify_all()
             threads[1].join(timeout=5)  # a claim in flight ends within 2 s of a stop
             self._hand_back_buffer()
@@ -317,7 +352,19 @@ class ProcessWorker:
                 if room <= 0 or not self.queues or (dry and not free):
                     self._cv.wait(0.5)
                     continue
+                delegate = free and self._may_delegate()
             limit = min(room, 500)
+            if delegate:
+                job = self._claim_in_child(limit)
+                if job.claims is not None:  # (the main loop started and buffered them)
+                    dry = len(job.claims) < limit
+                    continue
+                if self._stopping.is_set():
+                    continue
+                if job.error is not None:
+                    log.warning("lakeshore worker: a claim failed (%s); retrying", job.error)
+                    self._beat_stop.wait(1.0)
+                    continue
             try:
                 claims = self.transport.claim(
                     self.queues,
@@ -350,6 +397,129 @@ class ProcessWorker:
                     with self._cv:
                         self._cv.wait_for(partial(self._taken, claims[0].id), _YIELD_SECONDS)
 
+    def _may_delegate(self) -> bool:
+        """Whether the fetcher leaves its next claim, which waits for work (a slot is
+        free), to an idle slot's job process (``_cv`` held): on a plane close enough
+        that job processes complete lone jobs (:meth:`_reports_here`), with nothing
+        buffered to start first."""
+        return self._reports_here() and not self._ready and self._starting == 0
+
+    def _claim_in_child(self, limit: int) -> _Delegation:
+        """Leave the worker's claim to an idle slot's job process (the main loop picks
+        the slot and, once the child answers, starts and buffers what it leased) and
+        wait for the answer. ``claims`` None: no job process made it (make it here)."""
+        job = _Delegation(limit, self.max_idle_wait)
+        with self._cv:
+            self._delegated = job
+        self._wake()
+        with self._cv:
+            # The main loop answers it: the child's word, its death, or a stop.
+            while not job.done and not self._beat_stop.is_set():
+                self._cv.wait(1.0)
+        return job
+
+    def _delegate(self) -> None:
+        """Send the claim the fetcher left to an idle slot's child, or give it back."""
+        with self._cv:
+            job = self._delegated
+            if job is None or job.slot is not None:
+                return
+        slot = next((s for s in self._slots if self._can_claim(s)), None)
+        if slot is None or self._stopping.is_set():
+            with self._cv:
+                self._answer_delegation(None, None, None)
+            return
+        alone = self._alone(slot)
+        with self._lock:
+            slot.claiming = True
+            job.slot = slot
+        try:
+            slot.conn.send(
+                ("claim", list(self.queues), self.worker_id, job.limit, job.wait,
+                 self.lease_seconds, alone)
+            )  # fmt: skip
+        except (OSError, ValueError):
+            self._died(slot)
+
+    @staticmethod
+    def _can_claim(slot: _Slot) -> bool:
+        """Whether the slot's child may make the worker's claim: alive and idle."""
+        return (
+            slot.proc is not None
+            and slot.claim is None
+            and not slot.queued
+            and not slot.skips
+            and not slot.killed
+            and not slot.recycle
+            and not slot.claiming
+        )
+
+    def _answer_delegation(
+        self, slot: _Slot | None, claims: list[Claim] | None, error: str | None
+    ) -> None:
+        """The delegated claim is answered (``_cv`` held): by ``slot``'s child, or
+        (``slot`` None) by no child at all."""
+        job = self._delegated
+        if job is None or (slot is not None and job.slot is not slot):
+            return
+        job.claims, job.error, job.done = claims, error, True
+        self._delegated = None
+        self._cv.notify_all()
+
+    def _claimed_in_child(self, slot: _Slot, claims: list[Claim], error: str | None) -> None:
+        """The child's word on the claim it made: it runs the first claim now (this
+        process owns it from here); the others wait in the buffer for a free slot."""
+        with self._lock:
+            slot.claiming = False
+        if claims:
+            self._begin(slot, claims[0])
+            if self._on_claimed is not None:
+                self._on_claimed(claims[0])
+            now = time.monotonic()
+            with self._cv:
+                self._ready.extend(claims[1:])
+                self._ready_since.update((c.id, now) for c in claims[1:])
+        with self._cv:
+            self._answer_delegation(slot, claims if error is None else None, error)
+
+    def _claiming_on_stop(self) -> bool:
+        """Whether a job process still makes the worker's claim, once stopping. It gets
+        the claim's wait and a margin to answer (killing it mid-request could leave a
+        lease nobody is told of); what it leased is then run (its first, on a first
+        stop) or handed back like the rest. Past that, it is killed."""
+        claiming = [s for s in self._slots if s.claiming]
+        if not claiming:
+            return False
+        now = time.monotonic()
+        if self._stop_seen is None:
+            self._stop_seen = now
+        if now - self._stop_seen < self.max_idle_wait + _CLAIM_GRACE:
+            return True
+        for slot in claiming:
+            self._kill(slot, "stop")
+            if slot.proc is not None:
+                slot.proc.join(timeout=5)
+            self._drop_claiming(slot)
+        return False
+
+    def _drop_claiming(self, slot: _Slot) -> None:
+        """The slot's child is gone, or going, while it made the worker's claim: hand
+        back what it said it leased and had not been read yet, and answer the fetcher.
+        (Leases it took and could not tell of stay held until they expire.)"""
+        if not slot.claiming:
+            return
+        with contextlib.suppress(EOFError, OSError, ValueError):
+            while slot.conn.poll():
+                msg = slot.conn.recv()
+                if msg[0] == "claimed":
+                    for claim in msg[1]:
+                        with contextlib.suppress(LakeshoreError):
+                            self.transport.release(claim.id, claim.lease_token)
+        with self._lock:
+            slot.claiming = False
+        with self._cv:
+            self._answer_delegation(slot, None, None)
+
     def _taken(self, inv_id: str) -> bool:
         """Whether the main loop took the buffered claim ``inv_id`` (or is stopping)."""
         return inv_id not in self._ready_since or self._stopping.is_set()
@@ -362,7 +532,7 @@ class ProcessWorker:
         """Start buffered claims on the free slots, oldest first; behind a short job
         without a timeout, send a few more short ones so the child never waits on us."""
         for slot in self._slots:
-            if slot.proc is None or self._stopping.is_set() or slot.killed:
+            if slot.proc is None or self._stopping.is_set() or slot.killed or slot.claiming:
                 continue
             if slot.claim is None:
                 claim = self._take_ready(lambda c: True)
@@ -530,6 +700,7 @@ class ProcessWorker:
         if slot.proc.is_alive():
             slot.proc.kill()
             slot.proc.join(timeout=5)
+        self._drop_claiming(slot)
         slot.conn.close()
         slot.proc = None
 
@@ -569,19 +740,24 @@ class ProcessWorker:
         its job process may complete it on the plane itself when it ends well, wrote no
         output and has no blobs to upload (one hand-over fewer on a lone call's path;
         with more going on, this process reports outcomes in batches)."""
-        if not self._job_reports:
-            return False
-        if self.max_jobs_per_child is not None and self.max_jobs_per_child < _REPORTS_AFTER:
-            return False  # a child's first completion opens its connection: not worth it
-        took = self.report_seconds
-        if took is None or took > _REPORT_HERE_SECONDS:
-            # A plane further away: the child would sit in each completion's round trip
-            # while its slot could start the next job (the parent reports meanwhile).
+        if not self._reports_here():
             return False
         with self._cv:
             if self._ready or self._done or self._reporting:
                 return False
         return all(s.claim is None and not s.queued for s in self._slots if s is not slot)
+
+    def _reports_here(self) -> bool:
+        """Whether job processes complete lone jobs on the plane themselves: a remote
+        plane close by, and children that live long enough for their connection."""
+        if not self._job_reports:
+            return False
+        if self.max_jobs_per_child is not None and self.max_jobs_per_child < _REPORTS_AFTER:
+            return False  # a child's first completion opens its connection: not worth it
+        took = self.report_seconds
+        # A plane further away: the child would sit in each completion's round trip
+        # while its slot could start the next job (the parent reports meanwhile).
+        return took is not None and took <= _REPORT_HERE_SECONDS
 
     def _begin(self, slot: _Slot, claim: Claim) -> None:
         """``claim`` is the job the slot's child runs now."""
@@ -645,6 +821,9 @@ class ProcessWorker:
 
     def _message(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
+        if kind == "claimed":
+            self._claimed_in_child(slot, msg[1], msg[2])
+            return
         if msg[1] in slot.skips and kind in ("skipped", "done"):
             self._skip_answered(slot, msg)
             return
