@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -23,9 +24,15 @@ import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.errors import InvalidRequest, LeaseLost, Unavailable
 from dreamlake.lakeshore.plane.model import Claim, State
 from dreamlake.lakeshore.server import LocalServer
-from dreamlake.lakeshore.wire import encode_exec, encode_result
+from dreamlake.lakeshore.wire import encode_exec, encode_ref_call, encode_result
 from dreamlake.lakeshore.worker import pool
-from dreamlake.lakeshore.worker.child import _complete_here, _completes_here
+from dreamlake.lakeshore.worker.child import (
+    _claim_here,
+    _complete_here,
+    _completes_here,
+    _Sent,
+    child_main,
+)
 from dreamlake.lakeshore.worker.execute import Outcome
 from dreamlake.lakeshore.worker.pool import ProcessWorker
 from dreamlake.lakeshore.worker.report import report_many
@@ -462,7 +469,7 @@ def test_an_idle_workers_claim_is_made_by_its_job_process_which_runs_what_it_lea
 
 
 @pytest.mark.parametrize("stop", ["first", "cold"])
-def test_a_stop_while_a_job_process_claims_leaves_nothing_leased(
+def test_a_stop_while_a_job_process_claims_runs_nothing_more_and_holds_nothing(
     remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, stop: str
 ) -> None:
     # Given an idle worker whose job process waits on the plane for its claim
@@ -473,19 +480,101 @@ def test_a_stop_while_a_job_process_claims_leaves_nothing_leased(
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     idle_with_a_claiming_child(w, q)
-    # When the worker is stopped (once: drain; twice: cold) and a call comes meanwhile
+    # When the worker is stopped (once: drain; twice: cold), and once the job process
+    # was told, a call comes that its claim may lease
     w.request_stop()
     if stop == "cold":
         w.request_stop()
+    wait_for(lambda: not any(s.claiming and not s.unclaimed for s in w._slots))
     inv = q.submit(square, 7)
     thread.join(timeout=30)
     assert not thread.is_alive()
-    # Then the call is not held by the stopped worker: run by it before it stopped (its
-    # job process runs what it leased at once; a cold stop kills it if it still runs,
-    # and hands it back), or free for another now
-    if producer.transport.get(inv).state is not State.SUCCEEDED:
-        (claim,) = worker_dp.transport.claim(["stopping"], "other", limit=1, wait=5)
-        assert claim.id == inv
+    # Then the stopping worker did not run it, and holds no lease on it: another
+    # worker gets it at once
+    assert producer.transport.get(inv).state is State.PENDING
+    (claim,) = worker_dp.transport.claim(["stopping"], "other", limit=1, wait=5)
+    assert claim.id == inv
+
+
+def test_a_job_process_that_does_not_answer_a_stop_in_time_is_killed(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle worker whose job process claims, and no time for it to answer a stop
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    monkeypatch.setattr(pool, "_CLAIM_GRACE", -60.0)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("deaf", dispatch=producer)
+    w = ProcessWorker(worker_dp, ["deaf"], max_idle_wait=0.5)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    idle_with_a_claiming_child(w, q)
+    (slot,) = w._slots
+    child = slot.proc
+    # When the worker is stopped
+    w.request_stop()
+    thread.join(timeout=30)
+    # Then it stopped, its job process killed mid-claim
+    assert not thread.is_alive()
+    assert child.exitcode == -signal.SIGKILL
+
+
+def test_a_job_process_makes_a_claim_and_runs_nothing_once_told_to_stop() -> None:
+    claims = [
+        Claim(f"i{n}", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
+        for n in range(2)
+    ]
+
+    def plane_answering(answer: Any) -> Callable[[], Any]:
+        def claim(*args: Any, **kwargs: Any) -> Any:
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        return lambda: SimpleNamespace(transport=SimpleNamespace(claim=claim))
+
+    def ask(answer: Any, *, told: tuple[Any, ...] | None = None) -> tuple[Any, Any]:
+        parent_end, child_end = multiprocessing.Pipe()
+        if told is not None:
+            parent_end.send(told)
+        inbox: deque[tuple[Any, ...]] = deque()
+        msg = ("claim", ["q"], "w", 2, 0.0, 60.0, True)
+        to_run = _claim_here(plane_answering(answer), msg, child_end, _Sent(child_end), inbox)
+        return to_run, parent_end.recv()
+
+    # leased: the parent hears of it all first, and this process runs the first
+    assert ask(claims) == (claims, ("claimed", claims, None, True))
+    # a stop came meanwhile: it runs none, and the parent hands them back
+    assert ask(claims, told=("unclaim",)) == ([], ("claimed", claims, None, False))
+    # the claim failed: the reason goes to the parent, which asks again later
+    assert ask(Unavailable("the plane is away")) == (
+        [],
+        ("claimed", [], "Unavailable: the plane is away", False),
+    )
+
+
+def test_a_skip_that_comes_after_its_job_ran_does_not_skip_a_later_retry_of_it() -> None:
+    # Given a job process that ran a claim, and then heard it was to be skipped (the
+    # parent took it back while the child was already running it)
+    ctx = multiprocessing.get_context("spawn")
+    parent_end, child_end = ctx.Pipe()
+    proc = ctx.Process(target=child_main, args=(child_end, [], 1 << 20, ":memory:", None))
+    proc.start()
+    child_end.close()
+    payload = encode_ref_call("builtins:abs", (-3,), {}).payload
+    claim = Claim("i", "q", payload, "a", lease_expires_at=0.0, attempt=1, timeout=None)
+    try:
+        parent_end.send(("run", claim, {}, False))
+        assert parent_end.recv()[:2] == ("done", "i")
+        parent_end.send(("skip", "i"))
+        # When the same invocation comes back to it (a retry)
+        retry = Claim("i", "q", payload, "b", lease_expires_at=0.0, attempt=2, timeout=None)
+        parent_end.send(("run", retry, {}, False))
+        # Then it runs it
+        answer = parent_end.recv()
+        assert answer[:2] == ("done", "i") and answer[2].ok
+    finally:
+        parent_end.send(("stop",))
+        proc.join(timeout=10)
 
 
 def test_a_job_process_killed_while_it_claims_is_replaced_and_the_worker_carries_on(

@@ -7,9 +7,11 @@ run is seen in time (the answer is ``("skipped", id)``).
 
 A ``("claim", queues, worker, limit, wait, lease_seconds, alone)`` message asks this
 process to make its idle worker's claim over its own connection: it answers
-``("claimed", claims, None)`` (``("claimed", [], reason)`` when the claim failed) before
-anything else, then runs the first claim as if it had been sent (``alone`` when it is
-the only one), and leaves the others to the parent.
+``("claimed", claims, None, True)`` (``("claimed", [], reason, False)`` when the claim
+failed) before anything else, then runs the first claim as if it had been sent
+(``alone`` when it is the only one), and leaves the others to the parent. An
+``("unclaim",)`` that came before the claim ended (the worker stops) makes it run none:
+``("claimed", claims, None, False)``, and the parent hands them all back.
 
 A claim sent as the worker's only job (``alone``) that ends well, wrote no output,
 reported no progress and has no result blobs is completed on the plane by this process,
@@ -23,6 +25,7 @@ that did not reach the plane, or one the plane refused as unreadable.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -146,16 +149,20 @@ def child_main(
                 inbox.append(conn.recv())
         except EOFError:
             return
-        for m in [m for m in inbox if m[0] == "skip"]:  # before any run they cancel
-            skipped.add(m[1])
+        for m in [m for m in inbox if m[0] in ("skip", "unclaim")]:
             inbox.remove(m)
+            # A skip cancels a run read before it (the parent sent that first) and not
+            # started yet; one for a job that already ran was answered by its "done".
+            # An unclaim outside a claim came too late to matter.
+            if m[0] == "skip" and any(r[0] == "run" and r[1].id == m[1] for r in inbox):
+                skipped.add(m[1])
         if not inbox:
             continue
         msg = inbox.popleft()
         if msg[0] == "stop":
             return
         if msg[0] == "claim":
-            claims = _claim_here(job_plane, msg, pipe)
+            claims = _claim_here(job_plane, msg, conn, pipe, inbox)
             if claims:
                 inbox.appendleft(("run", claims[0], {}, msg[6] and len(claims) == 1))
             continue
@@ -207,19 +214,31 @@ def child_main(
         pipe.send(("done", job, outcome, rss_mb, reported, took))
 
 
-def _claim_here(plane: Callable[[], Dispatch], msg: tuple[Any, ...], pipe: _Sent) -> list[Claim]:
+def _claim_here(
+    plane: Callable[[], Dispatch],
+    msg: tuple[Any, ...],
+    conn: Any,
+    pipe: _Sent,
+    inbox: deque[tuple[Any, ...]],
+) -> list[Claim]:
     """Make the worker's claim the parent asked for, and tell the parent what it leased
-    before anything else (from then on the parent owns those leases)."""
+    before anything else (from then on the parent owns those leases). Returns the
+    claims to run here: none when the parent said ``unclaim`` meanwhile (it stops)."""
     _, queues, worker, limit, wait, lease_seconds, _alone = msg
     try:
         claims = plane().transport.claim(
-            queues, worker, limit=limit, wait=wait, lease_seconds=lease_seconds
-        )
+            queues, worker, limit=limit, wait=wait, lease_seconds=lease_seconds,
+            should_stop=conn.poll,
+        )  # fmt: skip
     except Exception as exc:  # (the parent logs it and asks again later)
-        pipe.send(("claimed", [], f"{type(exc).__name__}: {exc}"))
+        pipe.send(("claimed", [], f"{type(exc).__name__}: {exc}", False))
         return []
-    pipe.send(("claimed", claims, None))
-    return claims
+    with contextlib.suppress(EOFError, OSError):
+        while conn.poll():  # (what else came waits its turn)
+            inbox.append(conn.recv())
+    stopping = any(m[0] in ("unclaim", "stop") for m in inbox)
+    pipe.send(("claimed", claims, None, not stopping))
+    return [] if stopping else claims
 
 
 def _completes_here(outcome: Outcome) -> bool:

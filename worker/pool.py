@@ -24,7 +24,7 @@ worker stops.
 A worker with nothing to do on a plane close by (one that completes a lone job in its
 job process, see :meth:`ProcessWorker._alone`) leaves its claim to an idle slot's job
 process: the child long-polls over its own connection, tells the parent what it leased
-(``("claimed", claims, error)``, before anything else) and runs the first at once, so a
+(``("claimed", ...)``, before anything else) and runs the first at once, so a
 lone call's claim, job and completion never pass through this process. The parent
 owns what the child leased from then on: it starts the others on free slots or buffers
 them, heartbeats them, kills on timeout or cancel, and hands them back on a stop.
@@ -86,7 +86,10 @@ _REPORTS_AFTER = 16
 _REPORT_HERE_SECONDS = 0.001
 #: buffered claims no slot could start for this long (seconds) go back to the plane
 _BUFFER_MAX_WAIT = 1.0
-#: seconds past its wait a job process making the worker's claim gets to answer a stop
+#: a job process making the worker's claim asks the plane for at most this long at a
+#: time (seconds), so that it sees a stop soon (as the fetcher's claims do)
+_CLAIM_WAIT_CAP = 2.0
+#: seconds past that it gets to answer a stop before it is killed
 _CLAIM_GRACE = 5.0
 
 
@@ -124,6 +127,8 @@ class _Slot:
     untold: set[str] = field(default_factory=set)
     #: the child is making the worker's claim (see :class:`_Delegation`)
     claiming: bool = False
+    #: ... and was told to run nothing it leases (the worker stops)
+    unclaimed: bool = False
 
 
 @dataclass
@@ -281,6 +286,7 @@ class ProcessWorker:
         if self._stopping.is_set():
             self._cold.set()
         self._stopping.set()
+        self._wake()  # (the main loop tells a claiming job process at once)
 
     def _install_signals(self) -> Callable[[], None]:
         return on_stop_signals(self.request_stop)
@@ -358,6 +364,10 @@ class ProcessWorker:
                 job = self._claim_in_child(limit)
                 if job.claims is not None:  # (the main loop started and buffered them)
                     dry = len(job.claims) < limit
+                    if len(job.claims) > 1:  # let the main loop start them first
+                        with self._cv:
+                            taken = partial(self._taken, job.claims[1].id)
+                            self._cv.wait_for(taken, _YIELD_SECONDS)
                     continue
                 if self._stopping.is_set():
                     continue
@@ -408,8 +418,11 @@ class ProcessWorker:
         """Leave the worker's claim to an idle slot's job process (the main loop picks
         the slot and, once the child answers, starts and buffers what it leased) and
         wait for the answer. ``claims`` None: no job process made it (make it here)."""
-        job = _Delegation(limit, self.max_idle_wait)
+        job = _Delegation(limit, min(self.max_idle_wait, _CLAIM_WAIT_CAP))
         with self._cv:
+            if self._stopping.is_set():  # (the main loop may have stopped already)
+                job.done = True
+                return job
             self._delegated = job
         self._wake()
         with self._cv:
@@ -466,21 +479,25 @@ class ProcessWorker:
         self._delegated = None
         self._cv.notify_all()
 
-    def _claimed_in_child(self, slot: _Slot, claims: list[Claim], error: str | None) -> None:
-        """The child's word on the claim it made: it runs the first claim now (this
-        process owns it from here); the others wait in the buffer for a free slot."""
+    def _claimed_in_child(
+        self, slot: _Slot, claims: list[Claim], error: str | None, runs: bool
+    ) -> None:
+        """The child's word on the claim it made: it runs the first claim now (``runs``;
+        this process owns it from here) and the others wait in the buffer for a free
+        slot; told to stop claiming, it runs none and the buffer hands them back."""
         with self._lock:
-            slot.claiming = False
-        if claims:
+            slot.claiming = slot.unclaimed = False
+        now = time.monotonic()
+        with self._cv:
+            waiting = claims[1:] if runs else claims
+            self._ready.extend(waiting)
+            self._ready_since.update((c.id, now) for c in waiting)
+        if claims and runs:
             self._begin(slot, claims[0])
-            if self._on_claimed is not None:
-                self._on_claimed(claims[0])
-            now = time.monotonic()
-            with self._cv:
-                self._ready.extend(claims[1:])
-                self._ready_since.update((c.id, now) for c in claims[1:])
         with self._cv:
             self._answer_delegation(slot, claims if error is None else None, error)
+        if claims and runs and self._on_claimed is not None:
+            self._on_claimed(claims[0])
 
     def _claiming_on_stop(self) -> bool:
         """Whether a job process still makes the worker's claim, once stopping. It gets
@@ -490,17 +507,25 @@ class ProcessWorker:
         claiming = [s for s in self._slots if s.claiming]
         if not claiming:
             return False
+        for slot in claiming:
+            if not slot.unclaimed:  # it starts nothing it leases from now on
+                slot.unclaimed = True
+                with contextlib.suppress(OSError, ValueError):
+                    slot.conn.send(("unclaim",))
         now = time.monotonic()
         if self._stop_seen is None:
             self._stop_seen = now
-        if now - self._stop_seen < self.max_idle_wait + _CLAIM_GRACE:
+        if now - self._stop_seen < _CLAIM_WAIT_CAP + _CLAIM_GRACE:
             return True
         for slot in claiming:
+            self._read(slot)  # its word, if it came meanwhile, counts
+            if not slot.claiming:
+                continue
             self._kill(slot, "stop")
             if slot.proc is not None:
                 slot.proc.join(timeout=5)
             self._drop_claiming(slot)
-        return False
+        return any(s.claiming for s in self._slots)
 
     def _drop_claiming(self, slot: _Slot) -> None:
         """The slot's child is gone, or going, while it made the worker's claim: hand
@@ -516,7 +541,7 @@ class ProcessWorker:
                         with contextlib.suppress(LakeshoreError):
                             self.transport.release(claim.id, claim.lease_token)
         with self._lock:
-            slot.claiming = False
+            slot.claiming = slot.unclaimed = False
         with self._cv:
             self._answer_delegation(slot, None, None)
 
@@ -822,7 +847,7 @@ class ProcessWorker:
     def _message(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "claimed":
-            self._claimed_in_child(slot, msg[1], msg[2])
+            self._claimed_in_child(slot, msg[1], msg[2], msg[3])
             return
         if msg[1] in slot.skips and kind in ("skipped", "done"):
             self._skip_answered(slot, msg)
