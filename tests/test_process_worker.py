@@ -480,12 +480,11 @@ def test_a_stop_while_a_job_process_claims_runs_nothing_more_and_holds_nothing(
     thread = threading.Thread(target=w.run, daemon=True)
     thread.start()
     idle_with_a_claiming_child(w, q)
-    # When the worker is stopped (once: drain; twice: cold), and once the job process
-    # was told, a call comes that its claim may lease
+    # When the worker is stopped (once: drain; twice: cold), and then a call comes that
+    # its job process's claim may lease
     w.request_stop()
     if stop == "cold":
         w.request_stop()
-    wait_for(lambda: not any(s.claiming and not s.unclaimed for s in w._slots))
     inv = q.submit(square, 7)
     thread.join(timeout=30)
     assert not thread.is_alive()
@@ -518,7 +517,7 @@ def test_a_job_process_that_does_not_answer_a_stop_in_time_is_killed(
     assert child.exitcode == -signal.SIGKILL
 
 
-def test_a_job_process_makes_a_claim_and_runs_nothing_once_told_to_stop() -> None:
+def test_a_job_process_makes_a_claim_and_runs_nothing_once_its_worker_stops() -> None:
     claims = [
         Claim(f"i{n}", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
         for n in range(2)
@@ -532,19 +531,18 @@ def test_a_job_process_makes_a_claim_and_runs_nothing_once_told_to_stop() -> Non
 
         return lambda: SimpleNamespace(transport=SimpleNamespace(claim=claim))
 
-    def ask(answer: Any, *, told: tuple[Any, ...] | None = None) -> tuple[Any, Any]:
+    def ask(answer: Any, *, stopping: bool = False) -> tuple[Any, Any]:
         parent_end, child_end = multiprocessing.Pipe()
-        if told is not None:
-            parent_end.send(told)
         inbox: deque[tuple[Any, ...]] = deque()
         msg = ("claim", ["q"], "w", 2, 0.0, 60.0, True)
-        to_run = _claim_here(plane_answering(answer), msg, child_end, _Sent(child_end), inbox)
+        plane = plane_answering(answer)
+        to_run = _claim_here(plane, msg, child_end, _Sent(child_end), inbox, lambda: stopping)
         return to_run, parent_end.recv()
 
     # leased: the parent hears of it all first, and this process runs the first
     assert ask(claims) == (claims, ("claimed", claims, None, True))
-    # a stop came meanwhile: it runs none, and the parent hands them back
-    assert ask(claims, told=("unclaim",)) == ([], ("claimed", claims, None, False))
+    # the worker is stopping: it runs none, and the parent hands them back
+    assert ask(claims, stopping=True) == ([], ("claimed", claims, None, False))
     # the claim failed: the reason goes to the parent, which asks again later
     assert ask(Unavailable("the plane is away")) == (
         [],

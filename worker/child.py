@@ -9,9 +9,10 @@ A ``("claim", queues, worker, limit, wait, lease_seconds, alone)`` message asks 
 process to make its idle worker's claim over its own connection: it answers
 ``("claimed", claims, None, True)`` (``("claimed", [], reason, False)`` when the claim
 failed) before anything else, then runs the first claim as if it had been sent
-(``alone`` when it is the only one), and leaves the others to the parent. An
-``("unclaim",)`` that came before the claim ended (the worker stops) makes it run none:
-``("claimed", claims, None, False)``, and the parent hands them all back.
+(``alone`` when it is the only one), and leaves the others to the parent. Once the
+worker is stopping (a flag the parent shares with its job processes, set by the stop
+itself) it runs none: ``("claimed", claims, None, False)``, and the parent hands them
+all back.
 
 A claim sent as the worker's only job (``alone``) that ends well, wrote no output,
 reported no progress and has no result blobs is completed on the plane by this process,
@@ -106,8 +107,15 @@ class _Blobs:
 
 
 def child_main(
-    conn: Any, imports: list[str], inline_limit: int, target: str, token: str | None
+    conn: Any,
+    imports: list[str],
+    inline_limit: int,
+    target: str,
+    token: str | None,
+    stop_flag: Any = None,
 ) -> None:
+    """The job process's loop. ``stop_flag`` is the worker's shared stop flag (a
+    ``multiprocessing`` ``RawValue``; None: never set)."""
     import importlib
     import resource
 
@@ -115,6 +123,9 @@ def child_main(
     from .execute import Executor
 
     opened: list[Dispatch] = []
+
+    def stopped() -> bool:
+        return stop_flag is not None and bool(stop_flag.value)
 
     def job_plane() -> Dispatch:
         """The worker's plane, opened by this job process on first use (dls.data, or a
@@ -149,20 +160,23 @@ def child_main(
                 inbox.append(conn.recv())
         except EOFError:
             return
-        for m in [m for m in inbox if m[0] in ("skip", "unclaim")]:
-            inbox.remove(m)
-            # A skip cancels a run read before it (the parent sent that first) and not
-            # started yet; one for a job that already ran was answered by its "done".
-            # An unclaim outside a claim came too late to matter.
-            if m[0] == "skip" and any(r[0] == "run" and r[1].id == m[1] for r in inbox):
-                skipped.add(m[1])
+        waiting: set[str] = set()  # runs read before each skip (the parent sent those first)
+        for m in list(inbox):
+            if m[0] == "run":
+                waiting.add(m[1].id)
+            elif m[0] == "skip":
+                inbox.remove(m)
+                # It cancels a run still waiting here; one for a job that already ran
+                # was answered by that job's "done" (and must not skip a later retry).
+                if m[1] in waiting:
+                    skipped.add(m[1])
         if not inbox:
             continue
         msg = inbox.popleft()
         if msg[0] == "stop":
             return
         if msg[0] == "claim":
-            claims = _claim_here(job_plane, msg, conn, pipe, inbox)
+            claims = _claim_here(job_plane, msg, conn, pipe, inbox, stopped)
             if claims:
                 inbox.appendleft(("run", claims[0], {}, msg[6] and len(claims) == 1))
             continue
@@ -220,15 +234,16 @@ def _claim_here(
     conn: Any,
     pipe: _Sent,
     inbox: deque[tuple[Any, ...]],
+    stopped: Callable[[], bool],
 ) -> list[Claim]:
     """Make the worker's claim the parent asked for, and tell the parent what it leased
     before anything else (from then on the parent owns those leases). Returns the
-    claims to run here: none when the parent said ``unclaim`` meanwhile (it stops)."""
+    claims to run here: none once the worker is stopping (``stopped()``)."""
     _, queues, worker, limit, wait, lease_seconds, _alone = msg
     try:
         claims = plane().transport.claim(
             queues, worker, limit=limit, wait=wait, lease_seconds=lease_seconds,
-            should_stop=conn.poll,
+            should_stop=lambda: stopped() or conn.poll(),
         )  # fmt: skip
     except Exception as exc:  # (the parent logs it and asks again later)
         pipe.send(("claimed", [], f"{type(exc).__name__}: {exc}", False))
@@ -236,7 +251,7 @@ def _claim_here(
     with contextlib.suppress(EOFError, OSError):
         while conn.poll():  # (what else came waits its turn)
             inbox.append(conn.recv())
-    stopping = any(m[0] in ("unclaim", "stop") for m in inbox)
+    stopping = stopped() or any(m[0] == "stop" for m in inbox)
     pipe.send(("claimed", claims, None, not stopping))
     return [] if stopping else claims
 

@@ -127,8 +127,6 @@ class _Slot:
     untold: set[str] = field(default_factory=set)
     #: the child is making the worker's claim (see :class:`_Delegation`)
     claiming: bool = False
-    #: ... and was told to run nothing it leases (the worker stops)
-    unclaimed: bool = False
 
 
 @dataclass
@@ -204,6 +202,9 @@ class ProcessWorker:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._cold = threading.Event()
+        #: set (synchronously, signal-safe) by the first stop: a job process that made
+        #: the worker's claim runs nothing it leased once this is set
+        self._stop_flag = self._ctx.RawValue("b", 0)
         self._beat_stop = threading.Event()
         self._blob_cache: dict[str, bytes] = {}
         #: a job process reads its large argument blob from the plane itself (a URL or a
@@ -285,8 +286,9 @@ class ProcessWorker:
         """First call: finish in-flight jobs and stop. Second: stop cold."""
         if self._stopping.is_set():
             self._cold.set()
+        self._stop_flag.value = 1
         self._stopping.set()
-        self._wake()  # (the main loop tells a claiming job process at once)
+        self._wake()
 
     def _install_signals(self) -> Callable[[], None]:
         return on_stop_signals(self.request_stop)
@@ -486,7 +488,7 @@ class ProcessWorker:
         this process owns it from here) and the others wait in the buffer for a free
         slot; told to stop claiming, it runs none and the buffer hands them back."""
         with self._lock:
-            slot.claiming = slot.unclaimed = False
+            slot.claiming = False
         now = time.monotonic()
         with self._cv:
             waiting = claims[1:] if runs else claims
@@ -507,11 +509,6 @@ class ProcessWorker:
         claiming = [s for s in self._slots if s.claiming]
         if not claiming:
             return False
-        for slot in claiming:
-            if not slot.unclaimed:  # it starts nothing it leases from now on
-                slot.unclaimed = True
-                with contextlib.suppress(OSError, ValueError):
-                    slot.conn.send(("unclaim",))
         now = time.monotonic()
         if self._stop_seen is None:
             self._stop_seen = now
@@ -541,7 +538,7 @@ class ProcessWorker:
                         with contextlib.suppress(LakeshoreError):
                             self.transport.release(claim.id, claim.lease_token)
         with self._lock:
-            slot.claiming = slot.unclaimed = False
+            slot.claiming = False
         with self._cv:
             self._answer_delegation(slot, None, None)
 
@@ -703,6 +700,7 @@ class ProcessWorker:
                 self.transport.inline_limit(),
                 self.dispatch.target,
                 self.dispatch.token,
+                self._stop_flag,
             ),
             name=f"lakeshore-slot-{slot.index}",
             daemon=True,
