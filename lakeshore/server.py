@@ -344,7 +344,8 @@ class PlaneASGI:
         elif self._stopping:
             answer = _stopping_response(headers)
         elif self.parks is not None and self.parks(scope["method"], scope["path"], len(body)):
-            answer = await self._answer_parked(self._event(scope, headers, body), headers)
+            event = self._event(scope, headers, body)
+            answer = await self._answer_parked(event, headers, receive)
         elif self.inline is not None and self.inline(scope["method"], scope["path"], len(body)):
             # Short requests skip the two thread hand-overs (~0.1 ms each under the GIL).
             answer = self._resolve(self._event(scope, headers, body))
@@ -371,53 +372,76 @@ class PlaneASGI:
         await _send(send, *answer, head=scope["method"] == "HEAD")
 
     # --- parked requests (event loop only, but for _on_change) -----------------------
-    async def _answer_parked(self, event: dict[str, Any], headers: Mapping[str, str]) -> Answer:
+    async def _answer_parked(
+        self, event: dict[str, Any], headers: Mapping[str, str], receive: Receive
+    ) -> Answer:
         """Resolve a waiting request on the event loop, again after each change it
-        waits for, until it gets an answer that is not a park or its deadline passes."""
+        waits for, until it gets an answer that is not a park or its deadline passes.
+
+        A request whose client hung up while parked is dropped, not resolved again (a
+        killed worker's claim must not lease the next call to a closed connection)."""
         changes = cast("Changes", self.changes)
         loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         until: float | None = None
         woken = False
-        while True:
-            with changes.parking() as parked:
-                answer = self._resolve(event)
-            park = parked()
-            if park is None or changes.closed:
-                return answer  # (a closed plane answers every wait empty)
-            if woken:
-                # Woken for work it could not take (another took it, or it was on a
-                # queue this one does not claim): the next claim that has not seen the
-                # change gets the wake.
-                self._pass_on()
-            until = park.until if until is None else until
-            left = until - time.monotonic()
-            if left <= 0:
-                return answer  # the request's time is up: its empty answer goes out
-            waiter: asyncio.Future[Answer | None] = loop.create_future()
-            # Registered before the look at the counters: a change made by another
-            # thread from here on finds the waiter (see _on_change).
-            self._waiting[waiter] = headers
-            self._parked[waiter] = park
-            held = False
-            timer = None
-            try:
-                changes.hold(park)
-                held = True
-                if self._stopping:
-                    return _stopping_response(headers)
-                if not changes.changed(park):
-                    timer = loop.call_later(min(park.timeout, left), _settle, waiter, None)
-                    cut = await waiter
-                    if cut is not None:
-                        return cut  # the server is stopping
-            finally:
-                if timer is not None:
-                    timer.cancel()
-                if held:
-                    changes.unhold(park)
-                del self._parked[waiter], self._waiting[waiter]
-            woken = park.kind == "generation" and changes.changed(park)
+        #: the waiter of the park now (the hang-up settles it), and the hang-up's watch
+        current: list[asyncio.Future[Answer | None]] = []
+        gone: asyncio.Future[Message] | None = None
+
+        def hung_up(task: asyncio.Future[Message]) -> None:
+            if task.cancelled() or task.exception() is not None or not current:
+                return
+            if task.result().get("type") == "http.disconnect":
+                _settle(current[0], _GONE)
+
+        try:
+            while True:
+                with changes.parking() as parked:
+                    answer = self._resolve(event)
+                park = parked()
+                if park is None or changes.closed:
+                    return answer  # (a closed plane answers every wait empty)
+                if woken:
+                    # Woken for work it could not take (another took it, or it was on a
+                    # queue this one does not claim): the next claim that has not seen
+                    # the change gets the wake.
+                    self._pass_on()
+                until = park.until if until is None else until
+                left = until - time.monotonic()
+                if left <= 0:
+                    return answer  # the request's time is up: its empty answer goes out
+                waiter: asyncio.Future[Answer | None] = loop.create_future()
+                current[:] = [waiter]
+                if gone is None:  # (after the body: receive() now returns on a hang-up)
+                    gone = asyncio.ensure_future(receive())
+                    gone.add_done_callback(hung_up)
+                # Registered before the look at the counters: a change made by another
+                # thread from here on finds the waiter (see _on_change).
+                self._waiting[waiter] = headers
+                self._parked[waiter] = park
+                held = False
+                timer = None
+                try:
+                    changes.hold(park)
+                    held = True
+                    if self._stopping:
+                        return _stopping_response(headers)
+                    if not changes.changed(park):
+                        timer = loop.call_later(min(park.timeout, left), _settle, waiter, None)
+                        cut = await waiter
+                        if cut is not None:
+                            return cut  # the server is stopping, or the client is gone
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+                    if held:
+                        changes.unhold(park)
+                    del self._parked[waiter], self._waiting[waiter]
+                woken = park.kind == "generation" and changes.changed(park)
+        finally:
+            if gone is not None and not gone.done():
+                gone.cancel()
 
     def _on_change(self, waiters: int | None, queues: frozenset[str]) -> None:
         """From whichever thread changed the plane: wake the parked requests it may
@@ -502,6 +526,10 @@ class PlaneASGI:
             chunks.append(chunk)
             more = message.get("more_body", False)
         return b"".join(chunks)
+
+
+#: what a parked request whose client hung up "answers" (never sent: nobody listens)
+_GONE: Answer = (499, [], b"")
 
 
 def _settle(waiter: asyncio.Future[Answer | None], answer: Answer | None) -> None:

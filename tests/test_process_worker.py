@@ -437,6 +437,20 @@ def idle_with_a_claiming_child(w: ProcessWorker, q: dls.SyncQueue) -> None:
     wait_for(lambda: any(s.claiming for s in w._slots))
 
 
+def parked_in_a_job_process(
+    dp: dls.Dispatch, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[ProcessWorker, threading.Thread]:
+    """A one-slot process worker, started, whose job process is in a claim that lasts
+    (30 s: no gap between two claims to stop or kill it in), its plane known as close."""
+    monkeypatch.setattr(pool, "_CLAIM_WAIT_CAP", 30.0)
+    w = ProcessWorker(dp, [queue], max_idle_wait=30.0)
+    w.report_seconds = 0.0  # (the first report would measure it: not needed here)
+    thread = threading.Thread(target=w.run, daemon=True)
+    thread.start()
+    wait_for(lambda: w._slots[0].claiming)
+    return w, thread
+
+
 def test_an_idle_workers_claim_is_made_by_its_job_process_which_runs_what_it_leased(
     remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -473,13 +487,9 @@ def test_a_stop_while_a_job_process_claims_runs_nothing_more_and_holds_nothing(
     remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, stop: str
 ) -> None:
     # Given an idle worker whose job process waits on the plane for its claim
-    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
     producer, worker_dp = remote
     q = dls.SyncQueue("stopping", dispatch=producer)
-    w = ProcessWorker(worker_dp, ["stopping"], max_idle_wait=0.5)
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    idle_with_a_claiming_child(w, q)
+    w, thread = parked_in_a_job_process(worker_dp, "stopping", monkeypatch)
     # When the worker is stopped (once: drain; twice: cold), and then a call comes that
     # its job process's claim may lease
     w.request_stop()
@@ -499,14 +509,9 @@ def test_a_job_process_that_does_not_answer_a_stop_in_time_is_killed(
     remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given an idle worker whose job process claims, and no time for it to answer a stop
-    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
     monkeypatch.setattr(pool, "_CLAIM_GRACE", -60.0)
-    producer, worker_dp = remote
-    q = dls.SyncQueue("deaf", dispatch=producer)
-    w = ProcessWorker(worker_dp, ["deaf"], max_idle_wait=0.5)
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    idle_with_a_claiming_child(w, q)
+    _, worker_dp = remote
+    w, thread = parked_in_a_job_process(worker_dp, "deaf", monkeypatch)
     (slot,) = w._slots
     child = slot.proc
     # When the worker is stopped
@@ -560,14 +565,19 @@ def test_a_skip_that_comes_after_its_job_ran_does_not_skip_a_later_retry_of_it()
     child_end.close()
     payload = encode_ref_call("builtins:abs", (-3,), {}).payload
     claim = Claim("i", "q", payload, "a", lease_expires_at=0.0, attempt=1, timeout=None)
+    nap = encode_ref_call("time:sleep", (0.3,), {}).payload
+    busy = Claim("n", "q", nap, "c", lease_expires_at=0.0, attempt=1, timeout=None)
     try:
         parent_end.send(("run", claim, {}, False))
         assert parent_end.recv()[:2] == ("done", "i")
+        # When, while it runs another job, the skip and then the same invocation again (a
+        # retry) come, so that it reads both at once
+        parent_end.send(("run", busy, {}, False))
         parent_end.send(("skip", "i"))
-        # When the same invocation comes back to it (a retry)
         retry = Claim("i", "q", payload, "b", lease_expires_at=0.0, attempt=2, timeout=None)
         parent_end.send(("run", retry, {}, False))
-        # Then it runs it
+        # Then it runs the retry
+        assert parent_end.recv()[:2] == ("done", "n")
         answer = parent_end.recv()
         assert answer[:2] == ("done", "i") and answer[2].ok
     finally:
@@ -578,18 +588,22 @@ def test_a_skip_that_comes_after_its_job_ran_does_not_skip_a_later_retry_of_it()
 def test_a_job_process_killed_while_it_claims_is_replaced_and_the_worker_carries_on(
     remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
     producer, worker_dp = remote
     q = dls.SyncQueue("killed", dispatch=producer)
-    with worker(worker_dp, "killed", max_idle_wait=0.5) as (w, _):
-        idle_with_a_claiming_child(w, q)
+    w, thread = parked_in_a_job_process(worker_dp, "killed", monkeypatch)
+    try:
         # When the job process making the claim dies
         (slot,) = w._slots
         first = slot.proc
         first.kill()
-        # Then a new one takes its place, and the next call runs
+        # Then a new one takes its place, and the next call runs (the dead one's claim,
+        # parked on the server, is dropped when the server hears it hung up)
         wait_for(lambda: slot.proc is not None and slot.proc is not first)
-        assert q.result(q.submit(square, 4), timeout=60) == 16
+        assert q.result(q.submit(square, 4), timeout=20) == 16
+    finally:
+        w.request_stop()
+        w.request_stop()
+        thread.join(timeout=30)
 
 
 @pytest.mark.parametrize(("job", "reason"), [(segfault, "SIGSEGV"), (hard_exit, "exit code 3")])

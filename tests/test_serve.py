@@ -538,6 +538,44 @@ def bare_adapter(resolver: Any = None) -> tuple[Plane, PlaneASGI]:
     return plane, PlaneASGI(resolver or Empty(), changes=plane.changes, parks=parks)
 
 
+async def never_hangs_up() -> dict[str, Any]:
+    """An ASGI ``receive`` whose client stays (after the body, it would tell a hang-up)."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+def test_a_parked_claim_whose_client_hung_up_takes_no_work(tmp_path: Path) -> None:
+    # Given a worker's claim parked on serve, and the worker killed (its socket closed)
+    with LocalServer(tmp_path / "plane.db") as server:
+        assert server.asgi is not None and server.admin_token is not None
+        admin = server.admin_token
+        conn = connect(server.url)
+        sub = {"invocations": [{"queue": "gone", "ref": "math:sqrt", "args": [4]}]}
+        body = {"queues": ["gone"], "worker": "killed", "wait": 10}
+        request(conn, "POST", "/v1/queues", {"name": "gone"}, token=admin)
+        dead = socket.create_connection(conn.sock.getpeername())
+        payload = json.dumps(body).encode()
+        dead.sendall(
+            b"POST /v1/claims HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {admin}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        wait_for(lambda: len(server.asgi._parked) == 1)  # type: ignore[union-attr]
+        dead.close()  # (its claim would wait 10 s: it is dropped when the server hears)
+        wait_for(lambda: not server.asgi._parked, timeout=3)  # type: ignore[union-attr]
+        # When a call comes
+        status, _, answer = request(conn, "POST", "/v1/invocations", sub, token=admin)
+        assert status == 200, answer
+        ids = answer["ids"]
+        # Then it is not leased to the closed connection: the next claim gets it at once
+        began = time.monotonic()
+        claim = {**body, "worker": "w"}
+        status, _, answer = request(conn, "POST", "/v1/claims", claim, token=admin)
+        assert status == 200 and [c["id"] for c in answer["claims"]] == ids
+        assert time.monotonic() - began < 5
+        conn.close()
+
+
 def on_this_loop(asgi: PlaneASGI, loop: asyncio.AbstractEventLoop) -> None:
     """Make ``loop`` the adapter's, as its first parked request would."""
     asgi._loop, asgi._loop_thread = loop, threading.get_ident()
@@ -648,7 +686,7 @@ def test_a_parked_request_answers_at_once_when_the_plane_closes(tmp_path: Path) 
 
     async def run() -> float:
         task = asyncio.ensure_future(
-            asgi._answer_parked({"requestContext": {"requestId": "r"}}, {})
+            asgi._answer_parked({"requestContext": {"requestId": "r"}}, {}, never_hangs_up)
         )
         await asyncio.sleep(0)  # one turn: the request looks once and parks
         assert len(asgi._parked) == 1 and len(looks) == 1

@@ -308,14 +308,18 @@ class ProcessWorker:
             t.start()
         try:
             while True:
+                # (a claiming child's word may start a job: it is read before the rest)
                 if self._cold.is_set():
+                    claiming = self._claiming_on_stop()
                     self._stop_cold()
-                    if not self._claiming_on_stop():
+                    if not claiming:
                         break
                 elif self._stopping.is_set():
+                    claiming = self._claiming_on_stop()
                     self._hand_back_buffer()
-                    claims = any(s.claim is not None for s in self._slots)
-                    if not self._claiming_on_stop() and not claims:
+                    # (a claim taken back from a child is answered: run, or handed back)
+                    busy = any(s.claim is not None or s.skips for s in self._slots)
+                    if not claiming and not busy:
                         break
                 self._resize()
                 self._start_ready()
@@ -998,13 +1002,13 @@ class ProcessWorker:
     def _stop_cold(self) -> None:
         for slot in self._slots:
             claim = slot.claim
-            if claim is None:
+            if claim is None and not slot.skips:
                 continue
             self._kill(slot, "cold")
             with self._lock:
                 skipped = [c for c in slot.skips.values() if c is not None]
-                held, slot.queued = [claim, *slot.queued, *skipped], deque()
-                slot.skips, slot.untold = {}, set()
+                held = [c for c in (claim, *slot.queued, *skipped) if c is not None]
+                slot.queued, slot.skips, slot.untold = deque(), {}, set()
                 slot.claim = None
             for c in held:
                 with contextlib.suppress(LakeshoreError):
