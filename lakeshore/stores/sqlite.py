@@ -365,6 +365,10 @@ class SqliteStore:
         return _spec_from_blob(spec.name, row[0])
 
     def get_queue(self, name: str) -> QueueSpec | None:
+        if not self.shared:  # no other writer: a spec read stays right until we change it
+            spec = self._specs.get(name)  # (a dict read needs no lock)
+            if spec is not None:
+                return spec
         with self._lock:
             if self.shared:
                 marker = self.change_marker()
