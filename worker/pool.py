@@ -284,10 +284,13 @@ class ProcessWorker:
 
     def request_stop(self) -> None:
         """First call: finish in-flight jobs and stop. Second: stop cold."""
+        self._stop_flag.value = 1
+        # (setting an Event takes its lock: a signal handler that set one the interrupted
+        # main thread was setting would wait on itself, so each is set once)
         if self._stopping.is_set():
             self._cold.set()
-        self._stop_flag.value = 1
-        self._stopping.set()
+        else:
+            self._stopping.set()
         self._wake()
 
     def _install_signals(self) -> Callable[[], None]:
@@ -330,7 +333,8 @@ class ProcessWorker:
                     self._next_flush = time.monotonic() + _LOG_FLUSH
                     self._flush_output()
         finally:
-            self._stopping.set()
+            if not self._stopping.is_set():  # (see request_stop)
+                self._stopping.set()
             with self._cv:
                 self._answer_delegation(None, None, None)
                 self._cv.notify_all()
