@@ -390,13 +390,17 @@ class PlaneASGI:
         gone: asyncio.Future[Message] | None = None
 
         def hung_up(task: asyncio.Future[Message]) -> None:
-            if task.cancelled() or task.exception() is not None or not current:
-                return
-            if task.result().get("type") == "http.disconnect":
+            if current and _disconnected(task):
                 _settle(current[0], _GONE)
 
         try:
             while True:
+                if gone is not None and _disconnected(gone):
+                    # It hung up as a wake came (the wake settled the waiter first):
+                    # not resolved again, and the wake goes to the next one.
+                    if woken:
+                        self._pass_on()
+                    return _GONE
                 with changes.parking() as parked:
                     answer = self._resolve(event)
                 park = parked()
@@ -530,6 +534,13 @@ class PlaneASGI:
 
 #: what a parked request whose client hung up "answers" (never sent: nobody listens)
 _GONE: Answer = (499, [], b"")
+
+
+def _disconnected(receiving: asyncio.Future[Message]) -> bool:
+    """Whether a parked request's ``receive()`` ended with its client hanging up."""
+    if not receiving.done() or receiving.cancelled() or receiving.exception() is not None:
+        return False
+    return receiving.result().get("type") == "http.disconnect"
 
 
 def _settle(waiter: asyncio.Future[Answer | None], answer: Answer | None) -> None:

@@ -31,6 +31,7 @@ from dreamlake.lakeshore import wire
 from dreamlake.lakeshore.plane import Plane
 from dreamlake.lakeshore.plane.changes import Park
 from dreamlake.lakeshore.server import (
+    _GONE,
     INLINE_BODY,
     PARK_BODY,
     LocalServer,
@@ -563,6 +564,8 @@ def test_a_parked_claim_whose_client_hung_up_takes_no_work(tmp_path: Path) -> No
         wait_for(lambda: len(server.asgi._parked) == 1)  # type: ignore[union-attr]
         dead.close()  # (its claim would wait 10 s: it is dropped when the server hears)
         wait_for(lambda: not server.asgi._parked, timeout=3)  # type: ignore[union-attr]
+        time.sleep(0.3)  # (a parked claim leaves the list to look again every 0.25 s)
+        assert not server.asgi._parked
         # When a call comes
         status, _, answer = request(conn, "POST", "/v1/invocations", sub, token=admin)
         assert status == 200, answer
@@ -574,6 +577,44 @@ def test_a_parked_claim_whose_client_hung_up_takes_no_work(tmp_path: Path) -> No
         assert status == 200 and [c["id"] for c in answer["claims"]] == ids
         assert time.monotonic() - began < 5
         conn.close()
+
+
+def test_a_parked_claim_that_hangs_up_as_a_wake_comes_is_not_resolved_again() -> None:
+    # Given a claim parked on the adapter, its client's receive() under the test's hand
+    looks: list[int] = []
+    changes: Any = None
+
+    class Resolver:
+        def resolve(self, event: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            looks.append(1)
+            changes.wait(changes.generation, 10, until=time.monotonic() + 10)  # parks
+            return {"statusCode": 200, "headers": {}, "body": "{}"}
+
+    plane, asgi = bare_adapter(Resolver())
+    changes = plane.changes
+
+    async def run() -> Any:
+        hang_up: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+
+        async def receive() -> dict[str, Any]:
+            return await hang_up
+
+        event = {"requestContext": {"requestId": "r"}}
+        task = asyncio.ensure_future(asgi._answer_parked(event, {}, receive))
+        await asyncio.sleep(0)  # it looks once and parks
+        await asyncio.sleep(0)  # (its watch on receive() starts)
+        assert len(asgi._parked) == 1 and len(looks) == 1
+        # When a submit wakes it and its client hangs up in the same turn of the loop
+        changes.notify(1)
+        hang_up.set_result({"type": "http.disconnect"})
+        return await asyncio.wait_for(task, 5)
+
+    try:
+        # Then it is dropped without a second look (which could have leased the work)
+        assert asyncio.run(run()) == _GONE and len(looks) == 1
+    finally:
+        asgi.close(timeout=1)
+        plane.close()
 
 
 def on_this_loop(asgi: PlaneASGI, loop: asyncio.AbstractEventLoop) -> None:
