@@ -579,18 +579,26 @@ def test_a_parked_claim_whose_client_hung_up_takes_no_work(tmp_path: Path) -> No
         conn.close()
 
 
-def test_a_parked_claim_that_hangs_up_as_a_wake_comes_is_not_resolved_again() -> None:
-    # Given a claim parked on the adapter, its client's receive() under the test's hand
+def parking_adapter(nap: float) -> tuple[Plane, PlaneASGI, list[int]]:
+    """A bare adapter whose every request parks (looking again after ``nap`` seconds),
+    and a list that grows by one each time a request is looked at."""
     looks: list[int] = []
-    changes: Any = None
+    plane = Plane(SqliteStore(":memory:"))
+    changes = plane.changes
 
     class Resolver:
         def resolve(self, event: dict[str, Any], ctx: Any) -> dict[str, Any]:
             looks.append(1)
-            changes.wait(changes.generation, 10, until=time.monotonic() + 10)  # parks
+            changes.wait(changes.generation, nap, until=time.monotonic() + 10)  # parks
             return {"statusCode": 200, "headers": {}, "body": "{}"}
 
-    plane, asgi = bare_adapter(Resolver())
+    parks = lambda method, path, size: True  # noqa: E731
+    return plane, PlaneASGI(Resolver(), changes=changes, parks=parks), looks
+
+
+def test_a_parked_claim_that_hangs_up_as_a_wake_comes_is_not_resolved_again() -> None:
+    # Given a claim parked on the adapter, its client's receive() under the test's hand
+    plane, asgi, looks = parking_adapter(10.0)
     changes = plane.changes
 
     async def run() -> Any:
@@ -713,17 +721,7 @@ def test_two_submits_in_one_turn_reach_a_claim_on_each_queue(tmp_path: Path) -> 
 
 
 def test_a_parked_request_answers_at_once_when_the_plane_closes(tmp_path: Path) -> None:
-    looks: list[int] = []
-    changes: Any = None
-
-    class Resolver:
-        def resolve(self, event: dict[str, Any], ctx: Any) -> dict[str, Any]:
-            looks.append(1)
-            changes.wait(changes.generation, 0.25, until=time.monotonic() + 10)  # parks
-            return {"statusCode": 200, "headers": {}, "body": "{}"}
-
-    plane, asgi = bare_adapter(Resolver())
-    changes = plane.changes
+    plane, asgi, looks = parking_adapter(0.25)
 
     async def run() -> float:
         task = asyncio.ensure_future(
