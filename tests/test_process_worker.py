@@ -538,10 +538,9 @@ def test_a_job_process_makes_a_claim_and_runs_nothing_once_its_worker_stops() ->
 
     def ask(answer: Any, *, stopping: bool = False) -> tuple[Any, Any]:
         parent_end, child_end = multiprocessing.Pipe()
-        inbox: deque[tuple[Any, ...]] = deque()
         msg = ("claim", ["q"], "w", 2, 0.0, 60.0, True)
         plane = plane_answering(answer)
-        to_run = _claim_here(plane, msg, child_end, _Sent(child_end), inbox, lambda: stopping)
+        to_run = _claim_here(plane, msg, _Sent(child_end), lambda: stopping)
         return to_run, parent_end.recv()
 
     # leased: the parent hears of it all first, and this process runs the first

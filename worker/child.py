@@ -26,7 +26,6 @@ that did not reach the plane, or one the plane refused as unreadable.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import sys
 import threading
@@ -176,7 +175,7 @@ def child_main(
         if msg[0] == "stop":
             return
         if msg[0] == "claim":
-            claims = _claim_here(job_plane, msg, conn, pipe, inbox, stopped)
+            claims = _claim_here(job_plane, msg, pipe, stopped)
             if claims:
                 inbox.appendleft(("run", claims[0], {}, msg[6] and len(claims) == 1))
             continue
@@ -229,12 +228,7 @@ def child_main(
 
 
 def _claim_here(
-    plane: Callable[[], Dispatch],
-    msg: tuple[Any, ...],
-    conn: Any,
-    pipe: _Sent,
-    inbox: deque[tuple[Any, ...]],
-    stopped: Callable[[], bool],
+    plane: Callable[[], Dispatch], msg: tuple[Any, ...], pipe: _Sent, stopped: Callable[[], bool]
 ) -> list[Claim]:
     """Make the worker's claim the parent asked for, and tell the parent what it leased
     before anything else (from then on the parent owns those leases). Returns the
@@ -243,15 +237,12 @@ def _claim_here(
     try:
         claims = plane().transport.claim(
             queues, worker, limit=limit, wait=wait, lease_seconds=lease_seconds,
-            should_stop=lambda: stopped() or conn.poll(),
+            should_stop=stopped,
         )  # fmt: skip
     except Exception as exc:  # (the parent logs it and asks again later)
         pipe.send(("claimed", [], f"{type(exc).__name__}: {exc}", False))
         return []
-    with contextlib.suppress(EOFError, OSError):
-        while conn.poll():  # (what else came waits its turn)
-            inbox.append(conn.recv())
-    stopping = stopped() or any(m[0] == "stop" for m in inbox)
+    stopping = stopped()
     pipe.send(("claimed", claims, None, not stopping))
     return [] if stopping else claims
 

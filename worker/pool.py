@@ -21,13 +21,14 @@ worker), and once that comes back short, asks again when a slot frees. Buffered 
 are heartbeated like running ones, dropped when cancelled and handed back when the
 worker stops.
 
-A worker with nothing to do on a plane close by (one that completes a lone job in its
-job process, see :meth:`ProcessWorker._alone`) leaves its claim to an idle slot's job
+A worker with nothing to do on a plane close by (one where job processes complete lone
+jobs, see :meth:`ProcessWorker._reports_here`) leaves its claim to an idle slot's job
 process: the child long-polls over its own connection, tells the parent what it leased
 (``("claimed", ...)``, before anything else) and runs the first at once, so a
 lone call's claim, job and completion never pass through this process. The parent
 owns what the child leased from then on: it starts the others on free slots or buffers
-them, heartbeats them, kills on timeout or cancel, and hands them back on a stop.
+them, heartbeats them, kills on timeout or cancel, and hands them back on a stop (a
+job process that claimed runs none of them once its worker stops: a flag the stop sets).
 
 A job that crashes (segfault, ``os._exit``) or leaks memory takes down its child only:
 the slot is respawned and the invocation failed (or retried by policy). Signals only
@@ -494,7 +495,7 @@ class ProcessWorker:
     ) -> None:
         """The child's word on the claim it made: it runs the first claim now (``runs``;
         this process owns it from here) and the others wait in the buffer for a free
-        slot; told to stop claiming, it runs none and the buffer hands them back."""
+        slot; once the worker stops it runs none, and the buffer hands them back."""
         with self._lock:
             slot.claiming = False
         now = time.monotonic()
@@ -512,8 +513,8 @@ class ProcessWorker:
     def _claiming_on_stop(self) -> bool:
         """Whether a job process still makes the worker's claim, once stopping. It gets
         the claim's wait and a margin to answer (killing it mid-request could leave a
-        lease nobody is told of); what it leased is then run (its first, on a first
-        stop) or handed back like the rest. Past that, it is killed."""
+        lease nobody is told of); what it leased it does not run, and the buffer hands
+        it back. Past that, it is killed."""
         claiming = [s for s in self._slots if s.claiming]
         if not claiming:
             return False
