@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import LakeshoreError, UnknownInvocation
+from ..plane.changes import Watch, due_watches
 from ..plane.model import FINISHED, Invocation
 from .answers import decode_map, expect_ok
 from .connections import dropped, request_once
@@ -57,16 +58,6 @@ _LINGER_MAX = 0.1
 _IDLE_EXIT = 10.0
 
 
-class _Watch:
-    """One watch over some ids; it fires once per id."""
-
-    __slots__ = ("callback", "fired")
-
-    def __init__(self, callback: Callable[[Invocation], None]) -> None:
-        self.callback = callback
-        self.fired: set[str] = set()
-
-
 class Watches:
     """Every watch of one transport, awaited by one long-poll per ``max_wait_ids`` ids.
 
@@ -87,7 +78,7 @@ class Watches:
         self.transport = transport
         self.cond = threading.Condition()
         self.closed = False
-        self.entries: dict[str, list[_Watch]] = {}
+        self.entries: dict[str, list[Watch]] = {}
         self.owner: dict[str, _Poller] = {}
         self.pollers: list[_Poller] = []
         #: how many watches gave a poller new ids so far
@@ -103,9 +94,9 @@ class Watches:
         Returns a function that removes the watch. Raises :class:`LakeshoreError` once
         the transport is closed.
         """
-        entry = _Watch(callback)
+        entry = Watch(callback)
         done = {rec.id: rec for rec in finished if rec.state in FINISHED}
-        due: list[tuple[_Watch, Invocation]] = []
+        due: list[tuple[Watch, Invocation]] = []
         with self.cond:
             if self.closed:
                 raise LakeshoreError(f"{self.transport!r} is closed")
@@ -145,16 +136,8 @@ class Watches:
 
     def deliver(self, records: Iterable[Invocation]) -> None:
         """Fire the watches of the finished records (unfinished ones are ignored)."""
-        due: list[tuple[_Watch, Invocation]] = []
         with self.cond:
-            for rec in records:
-                if rec.state not in FINISHED:
-                    continue
-                for entry in self.entries.get(rec.id, ()):
-                    if rec.id not in entry.fired:
-                        entry.fired.add(rec.id)
-                        due.append((entry, rec))
-                self._forget(rec.id)
+            due = due_watches(records, self._forget)
         _fire(due)
 
     def drop(self, ids: Iterable[str]) -> None:
@@ -163,11 +146,13 @@ class Watches:
             for inv_id in ids:
                 self._forget(inv_id)
 
-    def _forget(self, inv_id: str) -> None:
-        self.entries.pop(inv_id, None)
+    def _forget(self, inv_id: str) -> list[Watch]:
+        """Stop watching ``inv_id``; returns the watches it had."""
+        entries = self.entries.pop(inv_id, [])
         poller = self.owner.pop(inv_id, None)
         if poller is not None:
             poller.ids.discard(inv_id)
+        return entries
 
     def _poller_with_room(self) -> _Poller:
         cap = self.transport.limits.max_wait_ids
@@ -212,7 +197,7 @@ class Watches:
                 poller.thread.join(timeout=5)
 
 
-def _fire(due: list[tuple[_Watch, Invocation]]) -> None:
+def _fire(due: list[tuple[Watch, Invocation]]) -> None:
     for entry, rec in due:
         try:
             entry.callback(rec)

@@ -25,19 +25,40 @@ from typing import Any
 from .model import FINISHED, Invocation
 from .store import Store
 
-__all__ = ["Changes", "Park"]
+__all__ = ["Changes", "Park", "Watch", "due_watches"]
 
 Callback = Callable[[Invocation], None]
 
 
-class _Watch:
-    """One watch over some ids; it fires once per id."""
+class Watch:
+    """One watch over some ids; it fires once per id (the plane's watches, and the SDK
+    result poller's)."""
 
     __slots__ = ("callback", "fired")
 
     def __init__(self, callback: Callback) -> None:
         self.callback = callback
         self.fired: set[str] = set()
+
+    def due(self, rec: Invocation) -> bool:
+        """Whether ``rec`` fires this watch now (its id's first finish it hears of);
+        from here on it has."""
+        if rec.id in self.fired:
+            return False
+        self.fired.add(rec.id)
+        return True
+
+
+def due_watches(
+    records: Iterable[Invocation], take: Callable[[str], Iterable[Watch]]
+) -> list[tuple[Watch, Invocation]]:
+    """The (watch, record) pairs the finished ``records`` fire, each record's watches
+    taken off their books by ``take(id)`` (unfinished records are left alone)."""
+    due: list[tuple[Watch, Invocation]] = []
+    for rec in records:
+        if rec.state in FINISHED:
+            due.extend((entry, rec) for entry in take(rec.id) if entry.due(rec))
+    return due
 
 
 @dataclass(frozen=True)
@@ -79,7 +100,7 @@ class Changes:
         #: finishes seen so far (what :meth:`wait_finish` waits on), and its waiters
         self._finishes = 0
         self._finish_listeners = 0
-        self._watches: dict[str, list[_Watch]] = defaultdict(list)
+        self._watches: dict[str, list[Watch]] = defaultdict(list)
         self._poller: threading.Thread | None = None
         self._marker = 0
         self._closed = False
@@ -245,7 +266,7 @@ class Changes:
 
     # --- result watches ------------------------------------------------------------
     def watch(self, ids: Iterable[str], callback: Callback) -> Callable[[], None]:
-        entry = _Watch(callback)
+        entry = Watch(callback)
         ids = list(ids)
         with self._cond:
             for inv_id in ids:
@@ -272,17 +293,9 @@ class Changes:
         for entry, rec in due:
             entry.callback(rec)
 
-    def _take_due(self, records: Iterable[Invocation]) -> list[tuple[_Watch, Invocation]]:
+    def _take_due(self, records: Iterable[Invocation]) -> list[tuple[Watch, Invocation]]:
         """The watches the finished ``records`` fire, taken off the books (lock held)."""
-        due: list[tuple[_Watch, Invocation]] = []
-        for rec in records:
-            if rec.state not in FINISHED:
-                continue
-            for entry in self._watches.pop(rec.id, ()):
-                if rec.id not in entry.fired:
-                    entry.fired.add(rec.id)
-                    due.append((entry, rec))
-        return due
+        return due_watches(records, lambda inv_id: self._watches.pop(inv_id, ()))
 
     def finished(self, records: Iterable[Invocation]) -> None:
         """Deliver finished records to their watchers (each watch fires once)."""
