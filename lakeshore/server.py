@@ -244,6 +244,8 @@ class PlaneASGI:
         self._idle = threading.Condition()
         #: requests handed to the pool and not yet answered (never more than ``threads``)
         self.in_flight = 0
+        #: parked requests dropped because their client hung up
+        self.dropped = 0
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
         #: answers being awaited (event loop only) → the request's headers
@@ -346,6 +348,8 @@ class PlaneASGI:
         elif self.parks is not None and self.parks(scope["method"], scope["path"], len(body)):
             event = self._event(scope, headers, body)
             answer = await self._answer_parked(event, headers, receive)
+            if answer is _GONE:
+                self.dropped += 1
         elif self.inline is not None and self.inline(scope["method"], scope["path"], len(body)):
             # Short requests skip the two thread hand-overs (~0.1 ms each under the GIL).
             answer = self._resolve(self._event(scope, headers, body))
