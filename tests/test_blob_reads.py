@@ -138,3 +138,106 @@ def test_a_process_worker_over_http_refuses_arguments_that_do_not_match_their_di
         assert not marker.exists(), "a worker ran arguments whose bytes do not match"
         assert not isinstance(caught.value, TimeoutError)
         assert "digest" in str(caught.value).lower() or digest[:12] in str(caught.value)
+
+
+def _blob_dir(served: LocalServer) -> Path:
+    return served.plane_path.with_name(served.plane_path.name + ".blobs")
+
+
+@pytest.mark.parametrize("role", ["producer", "worker"])
+def test_a_client_on_the_planes_machine_reads_its_blob_files_without_http(
+    served: LocalServer, role: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a blob on a served plane file
+    data = b"plane bytes" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    with dls.Dispatch(served.url, token=role_token(served, role)) as dp:
+        transport: Any = dp.transport
+        transport.put_blob(digest, data)
+        # Then hello names the plane's blob directory and its id
+        named = transport.hello()["blobs"]
+        assert named["dir"] == str(_blob_dir(served).resolve())
+        assert (_blob_dir(served) / ".id").read_text() == named["id"]
+        # When a client on the same machine reads the blob: the file, not HTTP
+        http_reads: list[str] = []
+        monkeypatch.setattr(transport, "_blob", lambda *a: http_reads.append(a[1].path))
+        assert transport.get_blob(digest) == data
+        assert transport.get_blob(digest, check=False) == data
+        assert http_reads == []
+        # A blob the plane does not keep as a file is still asked of the plane
+        monkeypatch.undo()
+        with pytest.raises(dls.LakeshoreError):
+            transport.get_blob("0" * 64)
+
+
+def test_a_client_reads_over_http_when_the_named_directory_is_another_planes(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a served plane whose blob directory this client sees under another id (the
+    # same path on another machine, say) holding other bytes under a blob's name
+    data = b"honest bytes" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    with dls.Dispatch(served.url, token=role_token(served, "worker")) as dp:
+        transport: Any = dp.transport
+        transport.put_blob(digest, data)
+        assert transport.hello()["blobs"]["id"]
+        (_blob_dir(served) / ".id").write_text("another plane")
+        # When it reads the blob: asked of the plane over HTTP
+        http_reads: list[str] = []
+        real = transport._blob
+        monkeypatch.setattr(transport, "_blob", lambda *a: http_reads.append(a[1].path) or real(*a))
+        assert transport.get_blob(digest) == data
+        assert http_reads == [f"/v1/blobs/{digest}"]
+
+
+def test_a_blob_file_that_does_not_match_its_digest_is_refused_as_over_http(
+    served: LocalServer,
+) -> None:
+    # Given a blob file changed behind the plane's back, on the client's machine
+    data = b"honest bytes" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    with dls.Dispatch(served.url, token=role_token(served, "worker")) as dp:
+        transport: Any = dp.transport
+        transport.put_blob(digest, data)
+        (_blob_dir(served) / digest).write_bytes(b"other bytes")
+        # When it is read with the check: refused, naming the digest
+        with pytest.raises(InvalidRequest, match=digest[:12]):
+            transport.get_blob(digest)
+        # and without it, the caller's own check refuses the bytes
+        with pytest.raises(InvalidRequest, match="does not match its digest"):
+            wire.verified(digest, transport.get_blob(digest, check=False))
+
+
+def test_a_process_worker_on_the_planes_machine_reads_a_large_argument_from_its_file(
+    served: LocalServer,
+) -> None:
+    # Given a call whose argument travels as a 1 MiB blob, on a served plane file
+    assert served.plane is not None
+    plane = served.plane
+    served_reads: list[str] = []
+    get_blob = plane.get_blob
+
+    def counting(digest: str) -> bytes:
+        served_reads.append(digest)
+        return get_blob(digest)
+
+    plane.get_blob = counting  # type: ignore[method-assign]
+    with (
+        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
+        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker_dp,
+    ):
+        q = dls.SyncQueue("local-blobs", dispatch=producer)
+        arg = bytes(range(256)) * 4096
+        inv = q.submit(_honest(), arg)
+        assert "args_ref" in wire.decode_payload(plane.get(inv).payload)
+        # When a process worker on the same machine runs it
+        w = ProcessWorker(worker_dp, ["local-blobs"], max_idle_wait=0.1)
+        thread = threading.Thread(target=w.run, daemon=True)
+        thread.start()
+        try:
+            assert q.result(inv, timeout=30) == len(arg)
+        finally:
+            w.request_stop()
+            thread.join(timeout=30)
+    # Then neither the argument nor the function body was asked of the server
+    assert served_reads == []

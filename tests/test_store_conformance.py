@@ -1563,6 +1563,23 @@ def test_a_plane_files_blobs_are_files_beside_it_and_older_ones_still_read(
     other.close()
 
 
+def test_a_plane_files_blob_directory_has_one_id(tmp_path: Path) -> None:
+    from dreamlake.lakeshore.plane.store import blob_home
+
+    s, other = SqliteStore(tmp_path / "plane.db"), SqliteStore(tmp_path / "plane.db")
+    # Two handles (two processes) ask for the directory: one id, written once
+    home = blob_home(s)
+    assert home is not None and home == blob_home(other)
+    where, ident = home
+    assert where == str((tmp_path / "plane.db.blobs").resolve()) and len(ident) == 32
+    assert (Path(where) / ".id").read_text() == ident
+    assert sorted(p.name for p in Path(where).iterdir()) == [".id"]
+    s.close()
+    other.close()
+    # A plane in memory keeps no blob files
+    assert blob_home(SqliteStore(":memory:")) is None
+
+
 # --- a plane file's WAL is copied into the file by a thread of its own ---------------------
 
 

@@ -21,7 +21,7 @@ from ..errors import InvalidRequest, LakeshoreError, NotFound, PayloadTooLarge, 
 from ..metrics import Registry
 from ..plane import Plane
 from ..plane.model import Invocation, QueueSpec, RetryPolicy, Submission
-from ..plane.store import wake_objects
+from ..plane.store import blob_home, wake_objects
 from ..submit import IdGroups, new_id
 from ..wire import (
     PICKLE_PROTOCOL,
@@ -184,7 +184,14 @@ class Service(WorkerRoutes):
                 "pickle_protocols": sorted({p for d in live for p in d.pickle_protocols}),
             },
             "plane": {"python": PY_VERSION, "pickle_protocol": PICKLE_PROTOCOL},
+            **self._blob_home(),
         }
+
+    def _blob_home(self) -> dict[str, Any]:
+        """``blobs``: the directory a plane file keeps its blobs in and its id, for
+        clients on this machine to read them there (none for other stores)."""
+        home = blob_home(self.plane.store)
+        return {} if home is None else {"blobs": {"dir": home[0], "id": home[1]}}
 
     # ------------------------------------------------------------------ queues
     def create_queue(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:

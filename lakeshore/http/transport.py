@@ -18,6 +18,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -40,7 +41,7 @@ from ..plane.model import (
     Submission,
 )
 from ..transport import put_missing
-from ..wire import pack, verified
+from ..wire import is_digest, pack, verified
 from .answers import date_offset, decode_map
 from .connections import origin_of
 from .limits import ENVELOPE_ROOM, Limits, batches, carried, carrying_body, size_batches
@@ -109,6 +110,9 @@ class HttpTransport(Session):
         self._closed = threading.Event()
         self._hello_lock = threading.Lock()
         self._hello: dict[str, Any] | None = None
+        #: the plane's blob directory when this machine can read it (False: it cannot,
+        #: None: not looked at yet); see _blob_home
+        self._home: Path | bool | None = None
         self._limits = Limits()
         self._offset = 0.0
         self._known: OrderedDict[str, None] = OrderedDict()
@@ -624,8 +628,42 @@ class HttpTransport(Session):
         only for a caller that checks them itself before use, as the worker's executor
         does with every blob it loads.
         """
+        local = self._local_blob(digest)
+        if local is not None and (not check or _matches(digest, local)):
+            return local
         data = self._blob("GET", self._target(f"/v1/blobs/{digest}"), None)
         return verified(digest, data) if check else data
+
+    def _local_blob(self, digest: str) -> bytes | None:
+        """The blob read from the plane's own blob directory, when this process can see
+        it (a client on the machine of ``lakeshore serve``): no request, and its bytes
+        are checked as those of an HTTP read are. None otherwise, and for a blob the
+        plane keeps elsewhere (a plane file from before blob files)."""
+        home = self._blob_home()
+        if home is None or not is_digest(digest):
+            return None
+        try:
+            return (home / digest).read_bytes()
+        except OSError:
+            return None
+
+    def _blob_home(self) -> Path | None:
+        """The directory ``GET /v1/hello`` names under ``blobs``, if this process finds
+        the same id in its ``.id`` file (the same plane's files, not some other
+        directory of that name on another machine); looked at once."""
+        home = self._home
+        if home is None:
+            home = False
+            named = self.hello().get("blobs")
+            if isinstance(named, Mapping):
+                where, ident = named.get("dir"), named.get("id")
+                if isinstance(where, str) and isinstance(ident, str) and ident:
+                    path = Path(where)
+                    with contextlib.suppress(OSError, ValueError):
+                        if path.is_absolute() and (path / ".id").read_text().strip() == ident:
+                            home = path
+            self._home = home
+        return home if isinstance(home, Path) else None
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -648,3 +686,7 @@ class HttpTransport(Session):
     def _is_known(self, inv_id: str) -> bool:
         with self._lock:
             return inv_id in self._known
+
+
+def _matches(digest: str, data: bytes) -> bool:
+    return hashlib.sha256(data).hexdigest() == digest

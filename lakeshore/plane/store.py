@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from .model import DaemonRecord, Invocation, LogEntry, QueueSpec, TokenRecord
 
-__all__ = ["Store", "WakeObjects", "wake_objects"]
+__all__ = ["BlobHome", "Store", "WakeObjects", "blob_home", "wake_objects"]
 
 
 class Store(Protocol):
@@ -229,3 +229,22 @@ class WakeObjects(Protocol):
 def wake_objects(store: Any) -> WakeObjects | None:
     """``store`` if it has the :class:`WakeObjects` capability, else None."""
     return store if isinstance(store, WakeObjects) else None
+
+
+@runtime_checkable
+class BlobHome(Protocol):
+    """An optional capability: the store keeps blobs as files in a directory, each
+    written whole under its digest (a SQLite plane file). Clients on the same machine
+    read them there instead of over HTTP (``GET /v1/hello`` names the directory), and
+    check them against their digests as they would an HTTP read."""
+
+    def blob_home(self) -> tuple[str, str] | None:
+        """The directory's absolute path and the id written in its ``.id`` file (a
+        reader that finds the same id there is reading this plane's files); None when
+        the store keeps no blob files."""
+        ...
+
+
+def blob_home(store: Any) -> tuple[str, str] | None:
+    """Where ``store`` keeps its blob files and their directory's id, if it does."""
+    return store.blob_home() if isinstance(store, BlobHome) else None

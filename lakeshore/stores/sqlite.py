@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -230,6 +231,7 @@ class SqliteStore:
         self.path = str(path)
         self.shared = self.path != ":memory:"
         self._blob_dir = Path(self.path + ".blobs") if self.shared else None
+        self._home: tuple[str, str] | None = None
         self._full = durability == "full"
         self.poll_interval = 0.002
         if self.shared:
@@ -717,6 +719,21 @@ class SqliteStore:
             return None
         return self._blob_dir / digest
 
+    def blob_home(self) -> tuple[str, str] | None:
+        """The blob directory (made if missing) and the id in its ``.id`` file (made by
+        the first process to ask; see :class:`~dreamlake.lakeshore.plane.store.BlobHome`).
+        None for ``":memory:"``, and where the directory cannot be so marked."""
+        if self._blob_dir is None:
+            return None
+        if self._home is None:
+            try:
+                home = self._blob_dir.resolve()
+                home.mkdir(exist_ok=True)
+                self._home = (str(home), _directory_id(home))
+            except OSError:
+                return None  # (clients then read every blob over HTTP)
+        return self._home
+
     def put_blob(self, digest: str, data: bytes, now: float) -> None:
         path = self._blob_path(digest)
         if path is None:
@@ -772,3 +789,19 @@ class SqliteStore:
             self._checkpointer.close()
         with self._lock:
             self._db.close()
+
+
+def _directory_id(home: Path) -> str:
+    """The id in ``home/.id``, written first by whichever process gets there first."""
+    mark = home / ".id"
+    with contextlib.suppress(FileNotFoundError):
+        return mark.read_text().strip()
+    mine = home / f".id.{os.getpid()}.{threading.get_ident()}"
+    mine.write_text(secrets.token_hex(16))
+    try:
+        os.link(mine, mark)  # fails if another process linked its own first
+    except FileExistsError:
+        pass
+    finally:
+        mine.unlink(missing_ok=True)
+    return mark.read_text().strip()
