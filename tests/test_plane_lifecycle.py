@@ -1207,6 +1207,47 @@ def test_a_cursor_wait_moves_past_other_finishes_and_still_answers_its_own(
     assert [r.id for r in plane.wait(["j30"], 1.0, since=cursor)] == ["j30"]
 
 
+def test_finishes_in_this_process_do_not_wake_the_cross_process_poller(
+    tmp_path: Any, clock: FakeClock
+) -> None:
+    # Given a plane file (another process may write it: a poller reads its change
+    # marker every poll interval while anybody waits) and a result wait held on it
+    store = SqliteStore(tmp_path / "plane.db")
+    store.poll_interval = 30.0
+    plane = Plane(store, clock=clock)
+    plane.ensure_queue(QueueSpec(QUEUE))
+    reads: list[int] = []
+    read_marker = store.change_marker
+
+    def counting() -> int:
+        if threading.current_thread().name == "lakeshore-changes":  # (the poller's reads)
+            reads.append(1)
+        return read_marker()
+
+    store.change_marker = counting  # type: ignore[method-assign]
+    park = None
+    try:
+        submit(plane, "held")
+        with plane.changes.parking() as parked:
+            assert plane.wait(["held"], 60) == []
+        park = parked()
+        assert park is not None
+        plane.changes.hold(park)
+        polling = [t for t in threading.enumerate() if t.name == "lakeshore-changes"]
+        assert polling and polling[0].is_alive(), "no poller runs for the held wait"
+        # When twenty invocations finish in this process (each told to the result waits)
+        for i in range(20):
+            submit(plane, f"job-{i}")
+            (claim,) = plane.claim([QUEUE], "w1")
+            plane.complete(claim.id, claim.lease_token, b"r")
+        # Then the poller slept through them: its first read is a poll interval away
+        assert reads == [], f"the poller read the marker {len(reads)} times"
+    finally:
+        if park is not None:
+            plane.changes.unhold(park)
+        plane.close()
+
+
 # =======================================================================================
 # Parking: waits an event loop holds instead of a thread
 # =======================================================================================

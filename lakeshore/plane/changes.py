@@ -93,6 +93,9 @@ class Changes:
         #: claim waits sleep on this one (same lock): a wake meant for one of them is
         #: never taken by a result wait
         self._work = threading.Condition(lock)
+        #: the cross-process poller sleeps on this one (same lock): only a close cuts its
+        #: nap short, not every finish the result waits on ``_cond`` are told of
+        self._nap = threading.Condition(lock)
         self._generation = 0
         self._waiters = 0
         #: claim waiters that a finish may unblock (capped queues)
@@ -330,6 +333,7 @@ class Changes:
             self._closed = True
             self._cond.notify_all()
             self._work.notify_all()
+            self._nap.notify_all()
         self._tell()
 
     # --- cross-process polling -------------------------------------------------------
@@ -362,7 +366,7 @@ class Changes:
                         return
                 else:
                     idle_rounds = 0
-                self._cond.wait(self._poll_interval)
+                self._nap.wait(self._poll_interval)
             try:
                 now_marker = self._store.change_marker()
             except Exception:  # the store was closed under us
