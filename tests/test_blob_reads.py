@@ -11,9 +11,10 @@ digest before loading it, so the read does not hash the bytes a second time
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -144,16 +145,23 @@ def _blob_dir(served: LocalServer) -> Path:
     return served.plane_path.with_name(served.plane_path.name + ".blobs")
 
 
+@contextlib.contextmanager
+def _client_with_blob(served: LocalServer, role: str, data: bytes) -> Iterator[tuple[Any, str]]:
+    """A client of ``served`` with a ``role`` token, once it put ``data`` on the plane:
+    its transport and the blob's digest."""
+    digest = hashlib.sha256(data).hexdigest()
+    with dls.Dispatch(served.url, token=role_token(served, role)) as dp:
+        dp.transport.put_blob(digest, data)  # type: ignore[attr-defined]
+        yield dp.transport, digest
+
+
 @pytest.mark.parametrize("role", ["producer", "worker"])
 def test_a_client_on_the_planes_machine_reads_its_blob_files_without_http(
     served: LocalServer, role: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a blob on a served plane file
     data = b"plane bytes" * 1000
-    digest = hashlib.sha256(data).hexdigest()
-    with dls.Dispatch(served.url, token=role_token(served, role)) as dp:
-        transport: Any = dp.transport
-        transport.put_blob(digest, data)
+    with _client_with_blob(served, role, data) as (transport, digest):
         # Then hello names the plane's blob directory and its id
         named = transport.hello()["blobs"]
         assert named["dir"] == str(_blob_dir(served).resolve())
@@ -176,10 +184,7 @@ def test_a_client_reads_over_http_when_the_named_directory_is_another_planes(
     # Given a served plane whose blob directory this client sees under another id (the
     # same path on another machine, say) holding other bytes under a blob's name
     data = b"honest bytes" * 1000
-    digest = hashlib.sha256(data).hexdigest()
-    with dls.Dispatch(served.url, token=role_token(served, "worker")) as dp:
-        transport: Any = dp.transport
-        transport.put_blob(digest, data)
+    with _client_with_blob(served, "worker", data) as (transport, digest):
         assert transport.hello()["blobs"]["id"]
         (_blob_dir(served) / ".id").write_text("another plane")
         # When it reads the blob: asked of the plane over HTTP
@@ -194,11 +199,7 @@ def test_a_blob_file_that_does_not_match_its_digest_is_refused_as_over_http(
     served: LocalServer,
 ) -> None:
     # Given a blob file changed behind the plane's back, on the client's machine
-    data = b"honest bytes" * 1000
-    digest = hashlib.sha256(data).hexdigest()
-    with dls.Dispatch(served.url, token=role_token(served, "worker")) as dp:
-        transport: Any = dp.transport
-        transport.put_blob(digest, data)
+    with _client_with_blob(served, "worker", b"honest bytes" * 1000) as (transport, digest):
         (_blob_dir(served) / digest).write_bytes(b"other bytes")
         # When it is read with the check: refused, naming the digest
         with pytest.raises(InvalidRequest, match=digest[:12]):
