@@ -397,6 +397,7 @@ class PlaneASGI:
             if current and _disconnected(task):
                 _settle(current[0], _GONE)
 
+        park: Park | None = None
         try:
             while True:
                 if gone is not None and _disconnected(gone):
@@ -405,8 +406,20 @@ class PlaneASGI:
                     if woken:
                         self._pass_on()
                     return _GONE
+                if park is not None:
+                    # A result wait's watch stayed while it was parked: the records a
+                    # finish brought make its answer without resolving it again.
+                    settled = self._settled(park)
+                    _let_go(park)
+                    park = None
+                    if settled is not None:
+                        return settled
                 with changes.parking() as parked:
-                    answer = self._resolve(event)
+                    try:
+                        answer = self._resolve(event)
+                    except BaseException:
+                        _let_go(parked())
+                        raise
                 park = parked()
                 if park is None or changes.closed:
                     return answer  # (a closed plane answers every wait empty)
@@ -448,8 +461,22 @@ class PlaneASGI:
                     del self._parked[waiter], self._waiting[waiter]
                 woken = park.kind == "generation" and changes.changed(park)
         finally:
+            _let_go(park)
             if gone is not None and not gone.done():
                 gone.cancel()
+
+    @staticmethod
+    def _settled(park: Park) -> Answer | None:
+        """The answer a parked result wait's box makes, if it has records; None to
+        resolve the request again."""
+        try:
+            result = park.settled()
+            if not isinstance(result, dict) or "statusCode" not in result:
+                return None  # (no resolver layer made it an HTTP answer: look again)
+            return apigw.http_response(result)
+        except Exception:
+            log.exception("answering a parked wait from its records failed; looking again")
+            return None
 
     def _on_change(self, waiters: int | None, queues: frozenset[str]) -> None:
         """From whichever thread changed the plane: wake the parked requests it may
@@ -486,6 +513,8 @@ class PlaneASGI:
         for waiter, park in list(self._parked.items()):
             if not changes.changed(park) or waiter.done():
                 continue
+            if park.box is not None and not park.box and not changes.closed:
+                continue  # a result wait whose ids did not finish: its watch tells it
             if park.kind == "generation" and budget is not None:
                 if queues and park.queues and not park.queues & queues:
                     continue  # the new work is on other queues
@@ -538,6 +567,12 @@ class PlaneASGI:
 
 #: what a parked request whose client hung up "answers" (never sent: nobody listens)
 _GONE: Answer = (499, [], b"")
+
+
+def _let_go(park: Park | None) -> None:
+    """Release what a park kept (a result wait's watch)."""
+    if park is not None and park.release is not None:
+        park.release()
 
 
 def _disconnected(receiving: asyncio.Future[Message]) -> bool:

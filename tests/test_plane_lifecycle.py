@@ -1292,6 +1292,38 @@ def test_a_parking_result_wait_waits_for_a_finish(plane: Plane) -> None:
     assert parked() is None and done.state is State.SUCCEEDED
 
 
+def test_a_parking_result_wait_keeps_its_watch_and_layers_wrap_its_answer(
+    plane: Plane,
+) -> None:
+    claim = running(plane)
+    changes = plane.changes
+    # A parked result wait keeps its watch: the park holds the box the watch fills
+    with changes.parking() as parked:
+        assert plane.wait(["job-1"], 30) == []
+        changes.then(lambda inner: lambda recs: {"ids": [r.id for r in inner(recs)]})
+    park = parked()
+    assert park is not None and park.box == [] and park.release is not None
+    assert park.settled() is None  # (nothing yet: the holder would look again)
+    plane.complete("job-1", claim.lease_token, b"result")
+    assert [r.id for r in park.box] == ["job-1"] and park.settled() == {"ids": ["job-1"]}
+    park.release()
+    # The thread keeps no park once the block is over
+    with changes.parking() as parked:
+        pass
+    assert parked() is None
+    # A claim's park has no box and takes no answer; outside parking, nothing to wrap
+    with changes.parking() as parked:
+        assert plane.claim([QUEUE], "w1", wait=30) == []
+        changes.then(lambda inner: inner)
+    claim_park = parked()
+    assert claim_park is not None and claim_park.box is None and claim_park.answer is None
+    changes.then(lambda inner: inner)
+    # Keeping a watch without a park releases it at once
+    released: list[int] = []
+    changes.keep([], lambda: released.append(1))
+    assert released == [1]
+
+
 def test_a_held_park_on_a_capped_queue_is_woken_by_a_finish(plane: Plane) -> None:
     plane.ensure_queue(QueueSpec("capped", elasticity={"kind": "fixed", "max": 1}))
     submit(plane, "a", queue="capped")

@@ -442,8 +442,14 @@ class Service(WorkerRoutes):
         # The cursor for the caller's next wait on these ids, taken before this one looks.
         cursor = self.plane.wait_cursor()
         done = self.plane.wait(ids, timeout, since=None if since is None else float(since))
-        now = self.plane.now()
-        return {"invocations": [invocation_view(r, now) for r in done], "cursor": cursor}
+
+        def answer(records: list[Invocation]) -> dict[str, Any]:
+            now = self.plane.now()
+            return {"invocations": [invocation_view(r, now) for r in records], "cursor": cursor}
+
+        # parked (lakeshore serve): the finish that wakes it brings its answer
+        self.plane.changes.then(lambda records_of: lambda recs: answer(records_of(recs)))
+        return answer(done)
 
     def cancel(self, ident: Identity, inv_id: str) -> dict[str, Any]:
         rec = self._readable(ident, inv_id)

@@ -19,7 +19,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .model import FINISHED, Invocation
@@ -77,6 +77,21 @@ class Park:
     finishes: bool = False
     #: the queues a claim waits on (empty: not known)
     queues: frozenset[str] = frozenset()
+    #: a result wait's finished records, delivered by a watch that stays registered
+    #: while the request is parked (see :meth:`Changes.keep`); None for other parks
+    box: list[Invocation] | None = field(default=None, compare=False)
+    #: removes that watch; the holder calls it once it is done with the park
+    release: Callable[[], None] | None = field(default=None, compare=False)
+    #: the request's whole answer made from the box's records, as each layer above the
+    #: plane would have made it (see :meth:`Changes.then`); None: resolve it again
+    answer: Callable[[list[Invocation]], Any] | None = field(default=None, compare=False)
+
+    def settled(self) -> Any:
+        """The answer from the box, if it has records and the park can make one; None
+        otherwise (the holder then resolves the request again)."""
+        if self.box and self.answer is not None:
+            return self.answer(list(self.box))
+        return None
 
 
 class _Parking(threading.local):
@@ -202,10 +217,12 @@ class Changes:
         without wanting to wait)."""
         slot = self._parking
         slot.on, slot.park = True, None
+        last: list[Park | None] = [None]
         try:
-            yield lambda: slot.park
+            yield lambda: slot.park if slot.on else last[0]
         finally:
-            slot.on = False
+            # (the thread keeps no park past the block: a kept watch's records with it)
+            last[0], slot.park, slot.on = slot.park, None, False
 
     def _park(
         self,
@@ -219,6 +236,26 @@ class Changes:
         end = time.monotonic() + timeout if until is None else until
         self._parking.park = Park(kind, since, max(0.0, timeout), end, finishes, queues)
         return False
+
+    def keep(self, box: list[Invocation], release: Callable[[], None]) -> None:
+        """The last park of this thread keeps a result wait's watch: ``box`` is the list
+        it fills, ``release`` removes it. Without a park the watch is released now."""
+        slot = self._parking
+        if slot.park is None:
+            release()
+            return
+        slot.park = replace(slot.park, box=box, release=release, answer=lambda recs: recs)
+
+    def then(
+        self,
+        wrap: Callable[[Callable[[list[Invocation]], Any]], Callable[[list[Invocation]], Any]],
+    ) -> None:
+        """Wrap the answer the last park of this thread makes from its box: a layer above
+        the plane turns the records into its own answer (``wrap(inner) -> outer``).
+        Nothing to do for a park without one."""
+        slot = self._parking
+        if slot.on and slot.park is not None and slot.park.answer is not None:
+            slot.park = replace(slot.park, answer=wrap(slot.park.answer))
 
     def changed(self, park: Park) -> bool:
         """Whether what ``park`` waits for has happened (or the plane closed)."""

@@ -172,6 +172,7 @@ class ProducerOps(PlaneBase):
         count = self._changes.finishes  # before the watch looks: a later finish is a change
         unwatch = self.watch(ids, on_done)
         deadline = time.monotonic() + timeout
+        kept = False
         try:
             # in slices, so closing the plane ends the wait promptly
             while not event.is_set() and not self._changes.closed:
@@ -179,11 +180,16 @@ class ProducerOps(PlaneBase):
                 if left <= 0:
                     break
                 if self._changes.parks:  # held by an event loop: it asks again on a finish
-                    self._changes.wait_finish(count, min(left, 0.25), until=deadline)
+                    if not self._changes.wait_finish(count, min(left, 0.25), until=deadline):
+                        # parked: the watch stays, so the records a finish brings are
+                        # the answer without a second look (the holder releases it)
+                        self._changes.keep(done, unwatch)
+                        kept = True
                     break
                 event.wait(min(left, 0.25))
         finally:
-            unwatch()
+            if not kept:
+                unwatch()
         return list(done)
 
     def cancel(self, inv_id: str) -> State:
