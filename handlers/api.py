@@ -136,6 +136,14 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
 
     changes = service.plane.changes
 
+    def as_http(
+        value_of: Callable[[list[Any]], dict[str, Any]],
+    ) -> Callable[[list[Any]], dict[str, Any]]:
+        """A parked wait's answer from its records, made as this request's would be (its
+        media type read now, while the request is the current event)."""
+        kind = media()
+        return lambda recs: _fast_result(_answer(200, value_of(recs), kind))
+
     def resolve_fast(event: dict[str, Any]) -> dict[str, Any] | None:
         """Answer a request for a route without path parameters (submits, claims,
         completions, waits...) with the same endpoint, error answers and response as
@@ -150,12 +158,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
             try:
                 response = endpoint()
                 if changes.parks:  # a parked wait's later answer goes out as this one would
-                    kind = media()
-                    changes.then(
-                        lambda value_of: (
-                            lambda recs: _fast_result(_answer(200, value_of(recs), kind))
-                        )
-                    )
+                    changes.then(as_http)
             except LakeshoreError as exc:
                 response = lakeshore_error(exc)
             except Exception as exc:

@@ -12,7 +12,6 @@ The request machinery is :class:`~.session.Session`; result watches are
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 import weakref
@@ -41,6 +40,7 @@ from ..plane.model import (
     Submission,
 )
 from ..transport import put_missing
+from ..wire import digest as wire_digest
 from ..wire import is_digest, pack, verified
 from .answers import date_offset, decode_map
 from .connections import origin_of
@@ -602,7 +602,7 @@ class HttpTransport(Session):
         as it is, without the bearer token. A signature that has run out is asked for
         again once.
         """
-        if hashlib.sha256(data).hexdigest() != digest:
+        if wire_digest(data) != digest:
             raise InvalidRequest("blob digest does not match its bytes")
         with self._lock:
             url = self._uploads.pop(digest, None)
@@ -629,7 +629,7 @@ class HttpTransport(Session):
         does with every blob it loads.
         """
         local = self._local_blob(digest)
-        if local is not None and (not check or _matches(digest, local)):
+        if local is not None and (not check or wire_digest(local) == digest):
             return local
         data = self._blob("GET", self._target(f"/v1/blobs/{digest}"), None)
         return verified(digest, data) if check else data
@@ -686,7 +686,3 @@ class HttpTransport(Session):
     def _is_known(self, inv_id: str) -> bool:
         with self._lock:
             return inv_id in self._known
-
-
-def _matches(digest: str, data: bytes) -> bool:
-    return hashlib.sha256(data).hexdigest() == digest
