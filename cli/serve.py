@@ -33,6 +33,15 @@ def serve(
         typer.Option("--new-admin-token", help="Make a new admin token and print it (once)."),
     ] = False,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request.")] = False,
+    max_blob_mib: Annotated[
+        int | None,
+        typer.Option(
+            "--max-blob-mib",
+            min=1,
+            help="Largest blob (a big argument or result) the plane takes, in MiB. "
+            "Default: 5120 (5 GiB).",
+        ),
+    ] = None,
 ) -> None:
     """Serve a plane over HTTP: producers and workers reach it with LAKESHORE_URL and a token."""
     try:
@@ -51,7 +60,12 @@ def serve(
         logging.getLogger("uvicorn.access").setLevel(logging.INFO)
     path = (plane or config.settings().default_plane_path).expanduser()
     server = LocalServer(
-        path, host=host, port=port, new_admin_token=new_admin_token, access_log=access_log
+        path,
+        host=host,
+        port=port,
+        new_admin_token=new_admin_token,
+        access_log=access_log,
+        max_blob=None if max_blob_mib is None else max_blob_mib * 1024 * 1024,
     )
 
     def announce() -> None:

@@ -28,15 +28,17 @@ from ..api.codec import JSON, decode_body, encode_body, pick_type
 from ..dashboard import asset as dashboard_file
 from ..errors import InvalidRequest, LakeshoreError, MethodNotAllowed, NotFound, Unauthorized
 from ..metrics import Event, Registry
+from ..plane.blobs import BlobUpload
 from ..wire import is_digest
 from . import apigw
 
-__all__ = ["ROUTES", "fast_path", "handler", "make_app"]
+__all__ = ["ROUTES", "Upload", "fast_path", "handler", "make_app", "upload_path"]
 
 
 #: every route: (method, path template); the OpenAPI document must list exactly these
 ROUTES: list[tuple[str, str]] = []
 _FAST = "_lakeshore_resolve_fast"
+_UPLOAD = "_lakeshore_upload"
 
 
 def fast_path(app: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
@@ -44,6 +46,41 @@ def fast_path(app: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | N
     :func:`make_app` (``lakeshore serve`` tries it first; see ``resolve_fast`` there)."""
     found = getattr(app, "__dict__", {}).get(_FAST)
     return found if callable(found) else None
+
+
+def upload_path(app: Any) -> Callable[[dict[str, Any]], Upload | dict[str, Any]] | None:
+    """The streamed blob upload of an app made by :func:`make_app` (``lakeshore serve``
+    hands it ``PUT /v1/blobs/{digest}`` before reading the body; see ``upload_start``)."""
+    found = getattr(app, "__dict__", {}).get(_UPLOAD)
+    return found if callable(found) else None
+
+
+class Upload:
+    """A blob upload under way: :meth:`write` each piece of the body, then :meth:`end`.
+    Each answers None to go on, or the request's answer (a refusal; the upload is then
+    dropped), as the ``PUT`` route would have answered it."""
+
+    def __init__(self, upload: BlobUpload, media: str) -> None:
+        self._upload = upload
+        self._media = media
+
+    def write(self, data: bytes) -> dict[str, Any] | None:
+        try:
+            self._upload.write(data)
+        except LakeshoreError as exc:
+            return _fast_result(_error_response(exc, self._media))
+        return None
+
+    def end(self) -> dict[str, Any]:
+        try:
+            self._upload.finish()
+        except LakeshoreError as exc:
+            return _fast_result(_error_response(exc, self._media))
+        return _fast_result(_answer(204, None, self._media))
+
+    def abort(self) -> None:
+        """The client went away: nothing is kept."""
+        self._upload.abort()
 
 
 def _answer(status: int, value: dict[str, Any] | None, media: str) -> Response[Any]:
@@ -230,6 +267,28 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
     def get_blob(digest: str) -> Response[Any]:
         blob_access("GET", digest)
         return Response(200, "application/octet-stream", service.get_blob(digest))
+
+    def upload_start(event: dict[str, Any]) -> Upload | dict[str, Any]:
+        """For ``lakeshore serve``: a ``PUT /v1/blobs/{digest}`` checked (digest, token
+        or signed URL, declared size) before its body is read, then streamed into the
+        plane piece by piece; or the answer that refuses it."""
+        app.current_event = app._to_proxy_event(event)  # type: ignore[assignment]
+        kind = JSON
+        try:
+            kind = media()
+            digest = event["rawPath"].rsplit("/", 1)[-1]
+            blob_access("PUT", digest)
+            declared = apigw.header(event, "content-length")
+            size = int(declared) if declared is not None and declared.isdigit() else None
+            return Upload(service.upload_blob(digest, size), kind)
+        except LakeshoreError as exc:
+            return _fast_result(_error_response(exc, kind))
+        except Exception as exc:
+            return _fast_result(unexpected(exc))
+        finally:
+            app.current_event = None  # type: ignore[assignment]
+
+    app.__dict__[_UPLOAD] = upload_start
 
     for method, fn in (("PUT", put_blob), ("GET", get_blob)):
         ROUTES.append((method, "/v1/blobs/{digest}")) if (

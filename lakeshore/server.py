@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import threading
@@ -77,6 +78,9 @@ _WAITING_PATHS = frozenset({"/v1/claims", "/v1/invocations/wait"})
 #: a request with a body over this many bytes runs on a thread (a submit carrying its
 #: blobs: checking and writing megabytes would hold up every other request on the loop)
 INLINE_BODY = 64 * 1024
+#: bytes of a streamed blob upload gathered before a request thread hashes and writes
+#: them (meanwhile the rest of the body waits in the connection's buffers)
+UPLOAD_SLICE = 1024 * 1024
 #: a waiting request with a body up to this many bytes is parked on the event loop (a
 #: wait on many ids, costlier to look at again on each change, keeps its own thread)
 PARK_BODY = 4096
@@ -226,6 +230,7 @@ class PlaneASGI:
         parks: Callable[[str, str, int], bool] | None = None,
         changes: Changes | None = None,
         fast: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+        uploads: Callable[[dict[str, Any]], Any] | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
@@ -233,6 +238,10 @@ class PlaneASGI:
         #: answers what it can before the resolver does (None: ask the resolver); see
         #: handlers.api.fast_path
         self.fast = fast
+        #: opens a streamed blob upload (``PUT /v1/blobs/{digest}``) from the request's
+        #: event without its body: an upload to write the body into, or the answer
+        #: refusing it; see handlers.api.upload_path
+        self.uploads = uploads
         #: requests ``inline(method, path, body size)`` accepts are answered on the loop
         self.inline = inline
         #: requests ``parks(method, path, body size)`` accepts are parked (with ``changes``)
@@ -334,6 +343,16 @@ class PlaneASGI:
         for raw_name, raw_value in scope["headers"]:
             name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
             headers[name] = f"{headers[name]},{value}" if name in headers else value
+        if (
+            self.uploads is not None
+            and scope["method"] == "PUT"
+            and scope["path"].startswith(_BLOBS)
+            and "/" not in scope["path"][len(_BLOBS) :]
+        ):
+            uploaded = await self._upload(scope, headers, receive)
+            if uploaded is not _GONE:
+                await _send(send, *uploaded)
+            return
         body = await self._read_body(headers, receive)
         answer: Answer
         if body is None:
@@ -374,6 +393,54 @@ class PlaneASGI:
                 finally:
                     del self._waiting[waiter]
         await _send(send, *answer, head=scope["method"] == "HEAD")
+
+    # --- streamed blob uploads (event loop; the writes in the pool) ---------------------
+    async def _upload(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Answer:
+        """A blob ``PUT`` written into the plane as its body arrives, in slices of
+        :data:`UPLOAD_SLICE` handed to a request thread (hashed and written to the
+        blob's file there), so no upload is held whole and the loop never waits on a
+        disk. Its limit is the plane's blob limit, not ``max_body``; its checks (token
+        or signature, digest, declared size) are made before any of the body is read."""
+        if self._stopping:
+            return _stopping_response(headers)
+        if not self._take_thread():
+            answer = _error_response(
+                503, "unavailable", f"all {self.threads} request threads are busy", headers
+            )
+            answer[1].append(("retry-after", "1"))
+            return answer
+        loop = asyncio.get_running_loop()
+        upload: Any = None
+        try:
+            uploads = cast(Callable[[dict[str, Any]], Any], self.uploads)
+            opened = uploads(self._event(scope, headers, b""))
+            if isinstance(opened, dict):
+                return apigw.http_response(opened)  # refused before the body (left unread)
+            upload = opened
+            pieces: list[bytes] = []
+            held = 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return _GONE  # the client went away: the finally drops the upload
+                piece = message.get("body", b"")
+                more = message.get("more_body", False)
+                pieces.append(piece)
+                held += len(piece)
+                if held >= UPLOAD_SLICE or not more:
+                    data, pieces, held = b"".join(pieces), [], 0
+                    step = functools.partial(_upload_step, upload, data, last=not more)
+                    answered = await loop.run_in_executor(self._pool, step)
+                    if answered is not None:  # (the last slice always is)
+                        upload = None  # kept, or refused and dropped by itself
+                        return apigw.http_response(answered)
+        except Exception:
+            log.exception("unhandled error in a blob upload to %s", scope.get("path"))
+            return _error_response(500, "error", "internal error", headers)
+        finally:
+            if upload is not None:
+                upload.abort()
+            self._give_thread()
 
     # --- parked requests (event loop only, but for _on_change) -----------------------
     async def _answer_parked(
@@ -567,6 +634,18 @@ class PlaneASGI:
 
 #: what a parked request whose client hung up "answers" (never sent: nobody listens)
 _GONE: Answer = (499, [], b"")
+#: blob uploads (``PUT`` of one of these paths) are streamed: see PlaneASGI._upload
+_BLOBS = "/v1/blobs/"
+
+
+def _upload_step(upload: Any, data: bytes, *, last: bool) -> dict[str, Any] | None:
+    """In a request thread: write one slice of an upload, and end it after the last.
+    None to go on; else the request's answer (a refusal, or the end's answer)."""
+    refused: dict[str, Any] | None = upload.write(data)
+    if refused is not None or not last:
+        return refused
+    ended: dict[str, Any] = upload.end()
+    return ended
 
 
 def _let_go(park: Park | None) -> None:
@@ -672,8 +751,11 @@ class LocalServer:
         new_admin_token: bool = False,
         threads: int = DEFAULT_THREADS,
         access_log: bool = False,
+        max_blob: int | None = None,
     ) -> None:
         self.plane_path = Path(plane_path)
+        #: bytes of one blob (None: the API's default, 5 GiB)
+        self.max_blob = max_blob
         self.host = host
         self.port = port
         self.new_admin_token = new_admin_token
@@ -725,14 +807,15 @@ class LocalServer:
     def start(self, timeout: float = 30.0) -> None:
         import uvicorn
 
-        from .api import Service, bootstrap_admin, create_token
-        from .handlers.api import fast_path, make_app
+        from .api import Limits, Service, bootstrap_admin, create_token
+        from .handlers.api import fast_path, make_app, upload_path
 
         sock = _bind(self.host, self.port)
         try:
             self.url = _url(sock)
             self.plane = self.open_plane()
-            service = Service(self.plane, server=self.name)
+            limits = Limits() if self.max_blob is None else Limits(max_blob=self.max_blob)
+            service = Service(self.plane, limits=limits, server=self.name)
             self.admin_token = bootstrap_admin(self.plane)
             self.bootstrapped = self.admin_token is not None
             if self.admin_token is None and self.new_admin_token:
@@ -746,6 +829,7 @@ class LocalServer:
                 parks=self.parks,
                 changes=self.plane.changes,
                 fast=fast_path(app),
+                uploads=upload_path(app),
             )
             config = uvicorn.Config(
                 self.asgi,

@@ -130,6 +130,7 @@ def test_hello_tells_the_caller_who_it_is(api: Api) -> None:
         "max_wait",
         "max_wait_ids",
         "submit_blobs",
+        "max_blob",
     }
     assert abs(ans.body["time"] - api.plane.now()) < 5
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..dispatch import Dispatch
-from ..errors import InvalidRequest, LakeshoreError
+from ..errors import InvalidRequest, LakeshoreError, PayloadTooLarge
 from ..plane.model import Claim
 from .execute import Outcome
 
@@ -54,16 +54,20 @@ def report(dispatch: Dispatch, claim: Claim, outcome: Outcome) -> None:
 def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> None:
     """Complete or fail claims, results in one batch and failures in another. A refusal
     (cancelled, timed out, handed on) is the plane's decision, not an error here; a
-    result the plane refuses as unreadable fails its invocation instead (not retried)."""
+    result the plane refuses (unreadable, or a blob over its limit) fails its invocation
+    instead (not retried)."""
     checked = [(claim, _checked(dispatch, outcome)) for claim, outcome in done]
     ok = [(c, o) for c, o in checked if o.ok]
     failed = [(c, o) for c, o in checked if not o.ok]
     transport = dispatch.transport
     if ok:
         with contextlib.suppress(LakeshoreError):
-            dispatch.upload({d: b for _, o in ok for d, b in o.blobs.items()})
-            refusals = transport.complete_many(
-                [(c.id, c.lease_token, o.result or b"") for c, o in ok]
+            ok, refused = _upload_results(dispatch, ok)
+            failed += refused
+            refusals = (
+                transport.complete_many([(c.id, c.lease_token, o.result or b"") for c, o in ok])
+                if ok
+                else []
             )
             failed += [
                 (c, _unreadable_result(refusal))
@@ -75,6 +79,30 @@ def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> No
             transport.fail_many(
                 [(c.id, c.lease_token, o.error or {}, o.retryable) for c, o in failed]
             )
+
+
+def _upload_results(
+    dispatch: Dispatch, ok: list[tuple[Claim, Outcome]]
+) -> tuple[list[tuple[Claim, Outcome]], list[tuple[Claim, Outcome]]]:
+    """Upload the result blobs of ``ok``: those the plane took, and as failures those it
+    refused (a result over its blob limit, say) — a refusal is its answer, not an outage
+    to wait out: the invocation fails now instead of running again. Other errors (the
+    plane away) raise: nothing is reported and the lease runs out into a retry."""
+    try:
+        dispatch.upload({d: b for _, o in ok for d, b in o.blobs.items()})
+        return ok, []
+    except (InvalidRequest, PayloadTooLarge) as exc:
+        if len(ok) == 1:
+            return [], [(ok[0][0], _unreadable_result(exc))]
+    taken: list[tuple[Claim, Outcome]] = []
+    refused: list[tuple[Claim, Outcome]] = []
+    for claim, outcome in ok:  # one at a time: which of them was refused
+        try:
+            dispatch.upload(outcome.blobs)
+            taken.append((claim, outcome))
+        except (InvalidRequest, PayloadTooLarge) as exc:
+            refused.append((claim, _unreadable_result(exc)))
+    return taken, refused
 
 
 def _unreadable_result(refusal: Exception) -> Outcome:

@@ -20,6 +20,7 @@ from ..dashboard import PauseFlags, call_summary, queue_stats
 from ..errors import InvalidRequest, LakeshoreError, NotFound, PayloadTooLarge, QueueNotFound
 from ..metrics import Registry
 from ..plane import Plane
+from ..plane.blobs import BlobUpload
 from ..plane.model import Invocation, QueueSpec, RetryPolicy, Submission
 from ..plane.store import blob_home, wake_objects
 from ..submit import IdGroups, new_id
@@ -79,6 +80,9 @@ class Limits:
     max_body: int = 4 * 1024 * 1024
     #: bytes a payload or result may have inline; larger ones travel as blobs
     inline_payload: int = 256 * 1024
+    #: bytes of one blob (an upload to ``lakeshore serve`` streams to a file past
+    #: ``max_body``; on AWS blobs go to S3, whose single PUT takes 5 GiB)
+    max_blob: int = 5 * 1024**3
     #: items in one batch call
     max_batch: int = 500
     #: seconds a claim or wait may block on the server (a plane with wake objects
@@ -173,6 +177,7 @@ class Service(WorkerRoutes):
                 "max_wait": self.limits.max_wait,
                 "max_wait_ids": self.limits.max_batch * 20,
                 "submit_blobs": self.limits.max_body,
+                "max_blob": self.limits.max_blob,
             },
             "identity": {
                 "token_id": ident.token_id,
@@ -338,6 +343,11 @@ class Service(WorkerRoutes):
             if not is_digest(digest):
                 raise InvalidRequest("blobs are named by their sha256 (64 lower-case hex digits)")
             out[digest] = as_bytes(data, f"blobs[{digest[:12]}…]")
+            if len(out[digest]) > self.limits.max_blob:
+                raise PayloadTooLarge(
+                    f"blob of {len(out[digest])} bytes is over the "
+                    f"{self.limits.max_blob} byte blob limit"
+                )
         return out
 
     def _submission(
@@ -523,11 +533,20 @@ class Service(WorkerRoutes):
         return {"missing": missing, "upload": {d: self.signed_url("PUT", d) for d in missing}}
 
     def put_blob(self, digest: str, data: bytes) -> None:
-        if len(data) > self.limits.max_body:
+        if len(data) > self.limits.max_blob:
             raise PayloadTooLarge(
-                f"blob of {len(data)} bytes is over the {self.limits.max_body} limit"
+                f"blob of {len(data)} bytes is over the {self.limits.max_blob} byte blob limit"
             )
         self.plane.put_blob(digest, data)
+
+    def upload_blob(self, digest: str, size: int | None) -> BlobUpload:
+        """A blob ``PUT`` in pieces as its body arrives (``size``: its declared length,
+        refused at once when over the limit, as is the upload that grows past it)."""
+        if size is not None and size > self.limits.max_blob:
+            raise PayloadTooLarge(
+                f"blob of {size} bytes is over the {self.limits.max_blob} byte blob limit"
+            )
+        return self.plane.blob_upload(digest, limit=self.limits.max_blob)
 
     def get_blob(self, digest: str) -> bytes:
         return self.plane.get_blob(digest)

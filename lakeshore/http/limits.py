@@ -45,6 +45,9 @@ class Limits:
     max_wait_ids: int = 500
     #: bytes of blobs one submit may carry along (0: the plane takes blobs by upload only)
     submit_blobs: int = 0
+    #: bytes of one blob the plane takes (0: not said; the plane refuses what it will not
+    #: take)
+    max_blob: int = 0
 
     @classmethod
     def from_hello(cls, raw: Any) -> Limits:
@@ -58,6 +61,7 @@ class Limits:
             max_wait=float(got.get("max_wait") or base.max_wait),
             max_wait_ids=int(got.get("max_wait_ids") or batch),
             submit_blobs=int(got.get("submit_blobs") or 0),
+            max_blob=int(got.get("max_blob") or 0),
         )
 
 

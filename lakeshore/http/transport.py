@@ -25,6 +25,7 @@ from ..errors import (
     Forbidden,
     InvalidRequest,
     LakeshoreError,
+    PayloadTooLarge,
     QueueNotFound,
     Unauthorized,
     UnknownInvocation,
@@ -604,6 +605,11 @@ class HttpTransport(Session):
         """
         if wire_digest(data) != digest:
             raise InvalidRequest("blob digest does not match its bytes")
+        limit = self.limits.max_blob
+        if limit and len(data) > limit:
+            raise PayloadTooLarge(
+                f"blob of {len(data)} bytes is over the plane's {limit} byte blob limit"
+            )
         with self._lock:
             url = self._uploads.pop(digest, None)
         if url is not None:

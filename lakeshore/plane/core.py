@@ -35,13 +35,14 @@ from typing import Any, cast
 
 from ..clock import Clock, SystemClock
 from ..errors import InvalidRequest, NotFound
+from .blobs import BlobUpload
 from .changes import Changes
 from .daemons import DaemonOps
 from .data import DataOps
 from .model import Invocation
 from .producers import ProducerOps, request_digest
 from .queues import QueueOps
-from .store import Store
+from .store import Store, blob_writer
 from .workers import WorkerOps
 
 __all__ = ["Plane", "request_digest"]
@@ -107,6 +108,16 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
         now = self.clock.now()
         for digest, data in blobs.items():
             self.store.put_blob(digest, data, now)
+
+    def blob_upload(self, digest: str, *, limit: int) -> BlobUpload:
+        """A blob put in pieces, up to ``limit`` bytes: checked against its digest as
+        :meth:`put_blobs` checks a whole one (see :class:`~.blobs.BlobUpload`)."""
+        return BlobUpload(
+            digest,
+            limit=limit,
+            writer=blob_writer(self.store, digest),
+            keep=lambda data: self.store.put_blob(digest, data, self.clock.now()),
+        )
 
     def get_blob(self, digest: str) -> bytes:
         data = self.store.get_blob(digest)

@@ -14,7 +14,15 @@ from typing import Any, Protocol, runtime_checkable
 
 from .model import DaemonRecord, Invocation, LogEntry, QueueSpec, TokenRecord
 
-__all__ = ["BlobHome", "Store", "WakeObjects", "blob_home", "wake_objects"]
+__all__ = [
+    "BlobHome",
+    "BlobWriter",
+    "Store",
+    "WakeObjects",
+    "blob_home",
+    "blob_writer",
+    "wake_objects",
+]
 
 
 class Store(Protocol):
@@ -244,7 +252,28 @@ class BlobHome(Protocol):
         the store keeps no blob files."""
         ...
 
+    def blob_writer(self, digest: str) -> BlobWriter | None:
+        """A writer of the blob's file for a blob that arrives in pieces (an upload
+        streamed to ``lakeshore serve``); None when the store keeps no blob files."""
+        ...
+
+
+class BlobWriter(Protocol):
+    """One blob's file being written: pieces, then commit (renamed into place whole) or
+    abort (nothing left behind)."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None: ...
+
+    def commit(self) -> None: ...
+
+    def abort(self) -> None: ...
+
 
 def blob_home(store: Any) -> tuple[str, str] | None:
     """Where ``store`` keeps its blob files and their directory's id, if it does."""
     return store.blob_home() if isinstance(store, BlobHome) else None
+
+
+def blob_writer(store: Any, digest: str) -> BlobWriter | None:
+    """A writer of one blob's file in ``store``, if it keeps blobs as files."""
+    return store.blob_writer(digest) if isinstance(store, BlobHome) else None

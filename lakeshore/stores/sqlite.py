@@ -35,6 +35,7 @@ from ..plane.model import (
     TokenRecord,
 )
 from ..wire import is_digest
+from .blobfiles import BlobFile
 
 __all__ = ["SqliteStore"]
 
@@ -745,19 +746,19 @@ class SqliteStore:
             return
         if path.exists():
             return
-        path.parent.mkdir(exist_ok=True)
-        # written whole under another name, then renamed: a reader never sees a part
-        partial = path.with_name(f".{digest}.{os.getpid()}.{threading.get_ident()}")
+        writer = BlobFile(path, sync=self._full)
         try:
-            with open(partial, "wb") as f:
-                f.write(data)
-                if self._full:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(partial, path)
+            writer.write(data)
         except BaseException:
-            partial.unlink(missing_ok=True)  # a failed write leaves nothing behind
+            writer.abort()  # a failed write leaves nothing behind
             raise
+        writer.commit()
+
+    def blob_writer(self, digest: str) -> BlobFile | None:
+        """A writer of the blob's file, for a blob that arrives in pieces; None for a
+        ``":memory:"`` plane (its blobs live in its table)."""
+        path = self._blob_path(digest)
+        return None if path is None else BlobFile(path, sync=self._full)
 
     def get_blob(self, digest: str) -> bytes | None:
         path = self._blob_path(digest)

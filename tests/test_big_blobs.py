@@ -1,0 +1,209 @@
+"""Blobs past the request limit on ``lakeshore serve``: an upload is streamed into the
+blob's file as it arrives (checked against its digest, never held whole), up to the
+plane's blob limit (``limits.max_blob``), so an argument or a result of many megabytes
+makes the round trip; one over the limit is refused with a 413 before its body is read,
+and a job whose result the plane will not take fails at once with the reason instead
+of running again."""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import role_token
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.errors import InvalidRequest, PayloadTooLarge
+from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.server import LocalServer
+from dreamlake.lakeshore.stores import SqliteStore
+
+MIB = 1024 * 1024
+
+
+def byte_count(data: bytes) -> int:
+    return len(data)
+
+
+def make_bytes(n: int) -> bytes:
+    return bytes(range(256)) * (n // 256)
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Iterator[LocalServer]:
+    """``lakeshore serve`` taking blobs of up to 2 MiB (its requests: up to 4 MiB)."""
+    server = LocalServer(tmp_path / "plane.db", max_blob=2 * MIB)
+    server.start()
+    yield server
+    server.stop()
+
+
+def _blob_dir(server: LocalServer) -> Path:
+    return server.plane_path.with_name(server.plane_path.name + ".blobs")
+
+
+def _leftovers(server: LocalServer) -> list[str]:
+    """Files in the blob directory but its id and whole blobs (parts of uploads)."""
+    return (
+        sorted(p.name for p in _blob_dir(server).glob(".*") if p.name != ".id")
+        if _blob_dir(server).exists()
+        else []
+    )
+
+
+def _put(
+    server: LocalServer, digest: str, body: bytes, headers: dict[str, str]
+) -> tuple[int, bytes]:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request("PUT", f"/v1/blobs/{digest}", body=body, headers=headers)
+        answer = conn.getresponse()
+        return answer.status, answer.read()
+    finally:
+        conn.close()
+
+
+def test_serve_runs_a_call_whose_argument_and_result_are_over_the_request_limit(
+    served: LocalServer,
+) -> None:
+    # Given lakeshore serve (requests up to 4 MiB) and a producer and a worker on it
+    data = os.urandom(6 * MIB)
+    with (
+        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
+        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker,
+    ):
+        assert producer.transport.hello()["limits"]["max_blob"] == 5 * 1024 * MIB
+        q = dls.SyncQueue("big", dispatch=producer)
+        # When a call takes 6 MiB and another returns 6 MiB
+        took = q.submit(byte_count, data)
+        gave = q.submit(make_bytes, 6 * MIB)
+        for _ in range(2):
+            dls.run_worker(dls.SyncQueue("big", dispatch=worker), once=True, poll=0.05)
+        # Then both made the round trip whole
+        assert q.result(took, timeout=30) == len(data)
+        assert q.result(gave, timeout=30) == make_bytes(6 * MIB)
+    # and each went into the blob directory as one whole file, nothing beside it
+    sizes = sorted(p.stat().st_size for p in _blob_dir(served).iterdir() if p.name[0] != ".")
+    assert sizes[-2] >= 6 * MIB and sizes[-1] > len(data)
+    assert _leftovers(served) == []
+
+
+def test_a_streamed_upload_whose_bytes_do_not_match_is_refused_and_leaves_nothing(
+    served: LocalServer,
+) -> None:
+    # Given a worker token and 3 MiB under another blob's digest
+    token = role_token(served, "worker")
+    data = os.urandom(3 * MIB)
+    wrong = hashlib.sha256(b"something else").hexdigest()
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"}
+    # When it is PUT
+    status, body = _put(served, wrong, data, auth)
+    # Then it is a 400 saying so, and no file is left, whole or in part
+    assert status == 400 and b"does not match" in body
+    assert not (_blob_dir(served) / wrong).exists()
+    assert _leftovers(served) == []
+    # And the right digest is taken
+    right = hashlib.sha256(data).hexdigest()
+    assert _put(served, right, data, auth)[0] == 204
+    assert (_blob_dir(served) / right).read_bytes() == data
+
+
+def test_an_upload_needs_a_token_before_its_body_is_read(served: LocalServer) -> None:
+    data = os.urandom(MIB)
+    digest = hashlib.sha256(data).hexdigest()
+    status, body = _put(served, digest, data, {"Content-Type": "application/octet-stream"})
+    assert status == 401 and b"unauthorized" in body
+    assert not (_blob_dir(served) / digest).exists()
+
+
+def test_a_blob_over_the_plane_limit_is_refused_declared_or_streamed(small: LocalServer) -> None:
+    token = role_token(small, "producer")
+    auth = {"Authorization": f"Bearer {token}"}
+    data = os.urandom(3 * MIB)
+    digest = hashlib.sha256(data).hexdigest()
+    # A declared length over the limit: 413 before the body is read
+    status, body = _put(small, digest, data, auth)
+    assert status == 413 and b"2097152 byte blob limit" in body
+    # A chunked body (no length said) that grows past it: 413 once it does
+    status, body = _put(small, digest, iter([data[:MIB], data[MIB:]]), auth)  # type: ignore[arg-type]
+    assert status == 413 and b"limit" in body
+    assert not (_blob_dir(small) / digest).exists()
+    assert _leftovers(small) == []
+    # The SDK says so before sending anything, and hello names the limit
+    with dls.Dispatch(small.url, token=token) as dp:
+        assert dp.transport.hello()["limits"]["max_blob"] == 2 * MIB
+        with pytest.raises(PayloadTooLarge, match="blob limit"):
+            dp.upload({digest: data})
+        # and a call whose argument is over it is refused at submit
+        with pytest.raises(PayloadTooLarge, match="blob limit"):
+            dls.SyncQueue("big", dispatch=dp).submit(byte_count, data)
+
+
+def test_a_result_over_the_blob_limit_fails_its_invocation_at_once(small: LocalServer) -> None:
+    # Given a job whose result (3 MiB) is over the plane's blob limit (2 MiB)
+    with (
+        dls.Dispatch(small.url, token=role_token(small, "producer")) as producer,
+        dls.Dispatch(small.url, token=role_token(small, "worker")) as worker,
+    ):
+        q = dls.SyncQueue("big", dispatch=producer)
+        inv = q.submit(make_bytes, 3 * MIB)
+        # When a worker runs it
+        dls.run_worker(dls.SyncQueue("big", dispatch=worker), once=True, poll=0.05)
+        # Then it has failed with the plane's reason (not left running until its
+        # lease runs out, to run again and again)
+        rec = producer.transport.get(inv)
+        assert rec.state.value == "failed"
+        with pytest.raises(dls.RemoteError, match="blob limit"):
+            q.result(inv, timeout=10)
+
+
+def test_a_client_that_hangs_up_mid_upload_leaves_no_part_behind(served: LocalServer) -> None:
+    token = role_token(served, "worker")
+    digest = hashlib.sha256(b"never sent whole").hexdigest()
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            f"PUT /v1/blobs/{digest} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Length: {4 * MIB}\r\n\r\n".encode()
+        )
+        sock.sendall(os.urandom(2 * MIB))
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (_leftovers(served) or served.asgi.in_flight):
+        time.sleep(0.02)
+    assert _leftovers(served) == [] and served.asgi.in_flight == 0
+    assert not (_blob_dir(served) / digest).exists()
+
+
+def test_a_blob_in_pieces_is_checked_and_kept_whole_on_either_store(tmp_path: Path) -> None:
+    data = os.urandom(MIB)
+    digest = hashlib.sha256(data).hexdigest()
+    for store in (SqliteStore(":memory:"), SqliteStore(tmp_path / "plane.db")):
+        plane = Plane(store)
+        try:
+            # pieces that do not hash to the digest: refused, nothing kept
+            bad = plane.blob_upload(digest, limit=2 * MIB)
+            bad.write(data[:1000])
+            with pytest.raises(InvalidRequest, match="does not match"):
+                bad.finish()
+            assert plane.missing_blobs([digest]) == {digest}
+            # pieces past the limit: refused as they come
+            over = plane.blob_upload(digest, limit=MIB - 1)
+            with pytest.raises(PayloadTooLarge):
+                over.write(data)
+            assert plane.missing_blobs([digest]) == {digest}
+            # the right pieces: kept whole
+            good = plane.blob_upload(digest, limit=2 * MIB)
+            for i in range(0, len(data), 300_000):
+                good.write(data[i : i + 300_000])
+            good.finish()
+            assert plane.get_blob(digest) == data
+        finally:
+            plane.close()
+    assert [p.name for p in (tmp_path / "plane.db.blobs").iterdir()] == [digest]
