@@ -32,19 +32,35 @@ from ..plane.blobs import BlobUpload
 from ..wire import is_digest
 from . import apigw
 
-__all__ = ["ROUTES", "Upload", "fast_path", "handler", "make_app", "upload_path"]
+__all__ = [
+    "ROUTES",
+    "Upload",
+    "download_path",
+    "fast_path",
+    "handler",
+    "make_app",
+    "upload_path",
+]
 
 
 #: every route: (method, path template); the OpenAPI document must list exactly these
 ROUTES: list[tuple[str, str]] = []
 _FAST = "_lakeshore_resolve_fast"
 _UPLOAD = "_lakeshore_upload"
+_DOWNLOAD = "_lakeshore_download"
 
 
 def fast_path(app: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
     """The fast answer of the routes without path parameters of an app made by
     :func:`make_app` (``lakeshore serve`` tries it first; see ``resolve_fast`` there)."""
     found = getattr(app, "__dict__", {}).get(_FAST)
+    return found if callable(found) else None
+
+
+def download_path(app: Any) -> Callable[[dict[str, Any]], str | dict[str, Any] | None] | None:
+    """The streamed blob download of an app made by :func:`make_app` (``lakeshore serve``
+    sends a blob's file in pieces; see ``download_start``)."""
+    found = getattr(app, "__dict__", {}).get(_DOWNLOAD)
     return found if callable(found) else None
 
 
@@ -289,6 +305,27 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
             app.current_event = None  # type: ignore[assignment]
 
     app.__dict__[_UPLOAD] = upload_start
+
+    def download_start(event: dict[str, Any]) -> str | dict[str, Any] | None:
+        """For ``lakeshore serve``: a ``GET /v1/blobs/{digest}`` checked as the route
+        checks it, answered with the path of the blob's file for the server to send in
+        pieces; the answer that refuses it; or None to let the route answer it (a blob
+        kept in the database, or none)."""
+        app.current_event = app._to_proxy_event(event)  # type: ignore[assignment]
+        kind = JSON
+        try:
+            kind = media()
+            digest = event["rawPath"].rsplit("/", 1)[-1]
+            blob_access("GET", digest)
+            return service.blob_file(digest)
+        except LakeshoreError as exc:
+            return _fast_result(_error_response(exc, kind))
+        except Exception as exc:
+            return _fast_result(unexpected(exc))
+        finally:
+            app.current_event = None  # type: ignore[assignment]
+
+    app.__dict__[_DOWNLOAD] = download_start
 
     for method, fn in (("PUT", put_blob), ("GET", get_blob)):
         ROUTES.append((method, "/v1/blobs/{digest}")) if (

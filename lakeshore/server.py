@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import socket
 import threading
 import time
@@ -231,6 +232,7 @@ class PlaneASGI:
         changes: Changes | None = None,
         fast: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
         uploads: Callable[[dict[str, Any]], Any] | None = None,
+        downloads: Callable[[dict[str, Any]], str | dict[str, Any] | None] | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
@@ -242,6 +244,9 @@ class PlaneASGI:
         #: event without its body: an upload to write the body into, or the answer
         #: refusing it; see handlers.api.upload_path
         self.uploads = uploads
+        #: the same for ``GET /v1/blobs/{digest}``: the path of the blob's file to send
+        #: in pieces, the answer refusing it, or None (the resolver answers it)
+        self.downloads = downloads
         #: requests ``inline(method, path, body size)`` accepts are answered on the loop
         self.inline = inline
         #: requests ``parks(method, path, body size)`` accepts are parked (with ``changes``)
@@ -343,15 +348,19 @@ class PlaneASGI:
         for raw_name, raw_value in scope["headers"]:
             name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
             headers[name] = f"{headers[name]},{value}" if name in headers else value
-        if (
-            self.uploads is not None
-            and scope["method"] == "PUT"
-            and scope["path"].startswith(_BLOBS)
-            and "/" not in scope["path"][len(_BLOBS) :]
-        ):
+        blob = scope["path"].startswith(_BLOBS) and "/" not in scope["path"][len(_BLOBS) :]
+        if blob and scope["method"] == "PUT" and self.uploads is not None:
             uploaded = await self._upload(scope, headers, receive)
             if uploaded is not _GONE:
                 await _send(send, *uploaded)
+            return
+        downloaded = (
+            blob
+            and scope["method"] == "GET"
+            and self.downloads is not None
+            and await self._download(scope, headers, receive, send)
+        )
+        if downloaded:
             return
         body = await self._read_body(headers, receive)
         answer: Answer
@@ -440,6 +449,66 @@ class PlaneASGI:
         finally:
             if upload is not None:
                 upload.abort()
+            self._give_thread()
+
+    async def _download(
+        self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send
+    ) -> bool:
+        """A blob ``GET`` sent from the blob's file in slices of :data:`UPLOAD_SLICE`
+        (each read in a request thread), so no download is held whole, nor read on for
+        a client that hung up. False when the resolver is to answer it (the blob is not
+        in a file)."""
+        if self._stopping:
+            await _send(send, *_stopping_response(headers))
+            return True
+        downloads = cast(Callable[[dict[str, Any]], Any], self.downloads)
+        found = downloads(self._event(scope, headers, b""))
+        if found is None:
+            return False
+        if isinstance(found, dict):
+            await _send(send, *apigw.http_response(found))
+            return True
+        if not self._take_thread():
+            answer = _error_response(
+                503, "unavailable", f"all {self.threads} request threads are busy", headers
+            )
+            answer[1].append(("retry-after", "1"))
+            await _send(send, *answer)
+            return True
+        loop = asyncio.get_running_loop()
+        gone: asyncio.Future[Message] | None = None
+        try:
+            try:
+                fd = os.open(found, os.O_RDONLY)
+            except OSError:
+                return False  # (gone since it was found: the resolver answers)
+            try:
+                await receive()  # the (empty) body; from here receive() ends on a hang-up
+                gone = asyncio.ensure_future(receive())
+                size = os.fstat(fd).st_size
+                start = {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/octet-stream"),
+                        (b"content-length", str(size).encode()),
+                    ],
+                }
+                await send(start)
+                sent = 0
+                while True:
+                    want = min(UPLOAD_SLICE, size - sent)
+                    piece = await loop.run_in_executor(self._pool, os.pread, fd, want, sent)
+                    sent += len(piece)
+                    more = bool(piece) and sent < size  # (a blob file never shrinks)
+                    await send({"type": "http.response.body", "body": piece, "more_body": more})
+                    if not more or _disconnected(gone):
+                        return True
+            finally:
+                os.close(fd)
+        finally:
+            if gone is not None and not gone.done():
+                gone.cancel()
             self._give_thread()
 
     # --- parked requests (event loop only, but for _on_change) -----------------------
@@ -808,7 +877,7 @@ class LocalServer:
         import uvicorn
 
         from .api import Limits, Service, bootstrap_admin, create_token
-        from .handlers.api import fast_path, make_app, upload_path
+        from .handlers.api import download_path, fast_path, make_app, upload_path
 
         sock = _bind(self.host, self.port)
         try:
@@ -830,6 +899,7 @@ class LocalServer:
                 changes=self.plane.changes,
                 fast=fast_path(app),
                 uploads=upload_path(app),
+                downloads=download_path(app),
             )
             config = uvicorn.Config(
                 self.asgi,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import os
 import secrets
 import time
 from dataclasses import asdict, dataclass
@@ -550,6 +551,15 @@ class Service(WorkerRoutes):
 
     def get_blob(self, digest: str) -> bytes:
         return self.plane.get_blob(digest)
+
+    def blob_file(self, digest: str) -> str | None:
+        """The path of the file a plane file keeps the blob in, for a server to send
+        it from in pieces; None when there is no such file (read it with get_blob)."""
+        home = blob_home(self.plane.store)
+        if home is None or not is_digest(digest):
+            return None
+        path = os.path.join(home[0], digest)
+        return path if os.path.isfile(path) else None
 
     def blob_url(self, ident: Identity, digest: str) -> dict[str, Any]:
         """A signed URL that serves one blob without a token, for a while."""
