@@ -16,7 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -31,6 +31,7 @@ from dreamlake.lakeshore.handlers import apigw
 from dreamlake.lakeshore.handlers.api import make_app
 from dreamlake.lakeshore.http.connections import Answer
 from dreamlake.lakeshore.http.transport import HttpTransport
+from dreamlake.lakeshore.http.wake import FIRST_LOOK, WakeWatch
 from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
 from dreamlake.lakeshore.plane.store import wake_objects
 from dreamlake.lakeshore.stores import SqliteStore
@@ -244,6 +245,59 @@ def test_an_idle_worker_picks_a_submitted_job_within_the_interval(stack: Stack) 
     assert at - submitted <= INTERVAL + 0.3
     assert stack.claims() == claims_before + 1
     assert stack.s3_calls["GetObject wake/"] == gets_before
+
+
+def test_a_worker_gone_idle_looks_soon_then_ever_less_often_up_to_the_interval() -> None:
+    answer = {"urls": {"q": "https://s3/wake/q"}, "etags": {"q": '"e"'}, "interval": 4.5}
+    watch = WakeWatch.from_answer({**answer, "fallback": 120.0}, 100.0)
+    assert watch is not None
+    assert watch.next_look == pytest.approx(100.0 + FIRST_LOOK)
+    paces = []
+    for _ in range(8):
+        before = time.monotonic()
+        assert not watch.look(lambda url, etag: 304)
+        paces.append(round(watch.next_look - before, 1))
+    assert paces == [0.2, 0.4, 0.8, 1.6, 3.2, 4.5, 4.5, 4.5]
+    # a plane's interval shorter than the first look is kept
+    short = WakeWatch.from_answer({**answer, "interval": 0.06, "fallback": 1.0}, 0.0)
+    assert short is not None and short.next_look == pytest.approx(0.06)
+    # a worker idle all along (its empty claim at the fallback) keeps the steady pace
+    steady = WakeWatch.from_answer({**answer, "fallback": 120.0}, 100.0, soon=False)
+    assert steady is not None and steady.next_look == pytest.approx(104.5)
+    steady.look(lambda url, etag: 304)
+    assert steady.pace == 4.5
+
+
+def test_the_fallback_claim_of_a_worker_idle_all_along_keeps_the_steady_pace(
+    stack: Stack,
+) -> None:
+    worker = stack.transport()
+    worker.ensure_queue(QueueSpec("calm"))
+    assert worker.claim(["calm"], "w", wait=0.0) == []  # gone idle: looks soon
+    assert worker._wakes[("calm",)].next_look - time.monotonic() <= INTERVAL / 2
+    worker._wakes[("calm",)].claim_at = 0.0  # its fallback has come
+    assert worker.claim(["calm"], "w", wait=0.0) == []
+    # the watch renewed at the plane's pace: the next look an interval away
+    assert worker._wakes[("calm",)].next_look - time.monotonic() > INTERVAL * 0.75
+
+
+def test_a_job_submitted_as_its_worker_goes_idle_is_picked_up_well_within_the_interval(
+    stack: Stack,
+) -> None:
+    # Given a plane whose idle workers look at their wake objects every 3 s
+    stack.service.limits = replace(stack.service.limits, wake_interval=3.0)
+    worker, producer = stack.transport(), stack.transport()
+    worker.ensure_queue(QueueSpec("next"))
+    assert worker.claim(["next"], "w", wait=0.0) == []  # its last job done: idle
+    thread, got = claim_in_thread(worker, "next", wait=FALLBACK - 0.2)
+    # When a producer submits its next call at once (one call after another)
+    submitted = time.monotonic()
+    producer.submit([job("next")])
+    thread.join(5)
+    # Then the worker has it at one of its first looks, not a 3 s interval later
+    claims, at = got[0]
+    assert len(claims) == 1
+    assert at - submitted < 1.0
 
 
 def test_a_delayed_job_on_an_idle_queue_is_claimed_when_due_before_the_fallback(

@@ -351,9 +351,10 @@ class HttpTransport(Session):
 
         A plane with wake objects answers an empty claim at once with what to watch
         (:mod:`.wake`): until its fallback passes, claims on the same queues that may
-        wait (``wait`` > 0) only GET the wake objects every ``interval`` seconds, and
-        ask the plane again when one changed. The watch outlives the call, so a loop of
-        short claims (the process worker's) looks at the same steady pace.
+        wait (``wait`` > 0) only GET the wake objects every ``interval`` seconds (soon
+        after a claim that had work, then ever less often up to that), and ask the plane
+        again when one changed. The watch outlives the call, so a loop of short claims
+        (the process worker's) looks at the same pace.
         """
         if limit < 1:
             raise InvalidRequest("claim limit must be at least 1")
@@ -377,7 +378,11 @@ class HttpTransport(Session):
             started = time.monotonic()
             answer = self._call("POST", "/v1/claims", body, wait=chunk)
             claims = [claim_of(c) for c in answer.get("claims") or ()]
-            watch = None if claims else WakeWatch.from_answer(answer.get("wake"), time.monotonic())
+            # (a worker that was watching already, claiming at the fallback, keeps its pace)
+            wake = answer.get("wake")
+            watch = (
+                None if claims else WakeWatch.from_answer(wake, time.monotonic(), soon=not watch)
+            )
             with self._lock:
                 if watch is not None:
                     self._wakes[key] = watch
