@@ -702,7 +702,9 @@ def test_a_burst_of_watches_goes_out_in_a_poll_or_two(loopback: Any, client: Any
     # each poll a new watch cuts is one the plane answered in full, into a closed socket
     waits = lambda: server.requests("POST", "/v1/invocations/wait")  # noqa: E731
     wait_for(lambda: any(len(w.body["ids"]) == 2001 for w in waits()))
-    assert len(waits()) <= 4, [len(w.body["ids"]) for w in waits()]
+    # (a poll per 10 ms window would be ~35 of them; a busy machine that stalls this
+    # loop for a window can cost one or two more than the burst's one or two)
+    assert len(waits()) <= 8, [len(w.body["ids"]) for w in waits()]
 
 
 def test_a_steady_stream_of_watches_does_not_hold_up_results(loopback: Any, client: Any) -> None:
