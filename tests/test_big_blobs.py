@@ -11,6 +11,8 @@ import hashlib
 import http.client
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,3 +273,32 @@ def test_a_download_stops_when_its_client_hangs_up(
         time.sleep(0.02)
     assert served.asgi.in_flight == 0
     assert sum(read) < len(data) // 2, f"read {sum(read)} of {len(data)} bytes"
+
+
+def test_the_sweep_drops_parts_whose_writer_died_and_keeps_a_live_writers(
+    tmp_path: Path,
+) -> None:
+    # Given a plane file's blob directory with two parts of blobs being written: one by
+    # a process that has ended (a crash mid-upload), one by this live process
+    plane = Plane(SqliteStore(tmp_path / "plane.db"))
+    try:
+        home = plane.store.blob_home()  # type: ignore[attr-defined]
+        assert home is not None
+        blobs = Path(home[0])
+        ended = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        digest = hashlib.sha256(b"part").hexdigest()
+        stale = blobs / f".{digest}.{int(ended.stdout)}.0a1b2c3d"
+        live = blobs / f".{digest}.{os.getpid()}.0a1b2c3d"
+        stale.write_bytes(b"half a blob")
+        live.write_bytes(b"half another")
+        # When the plane sweeps
+        plane.sweep()
+        # Then the dead writer's part is gone; the live one's and the directory's id stay
+        assert not stale.exists() and live.exists() and (blobs / ".id").exists()
+    finally:
+        plane.close()

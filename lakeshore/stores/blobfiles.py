@@ -8,7 +8,7 @@ import os
 import secrets
 from pathlib import Path
 
-__all__ = ["BlobFile"]
+__all__ = ["BlobFile", "drop_stale_parts"]
 
 
 class BlobFile:
@@ -46,3 +46,32 @@ class BlobFile:
         with contextlib.suppress(OSError):
             self._file.close()
         self._part.unlink(missing_ok=True)
+
+
+def drop_stale_parts(directory: Path) -> int:
+    """Remove the parts of blobs whose writer died mid-write (a crash, a kill): each is
+    named for its writer's process, and a part of a process that no longer runs will
+    never be finished. Returns how many went."""
+    dropped = 0
+    try:
+        names = [e.name for e in os.scandir(directory) if e.name.startswith(".")]
+    except OSError:
+        return 0
+    for name in names:
+        fields = name.split(".")  # "", digest, pid, suffix
+        if len(fields) != 4 or not fields[2].isdigit() or _running(int(fields[2])):
+            continue
+        with contextlib.suppress(OSError):
+            (directory / name).unlink()
+            dropped += 1
+    return dropped
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # (someone else's process: alive)
+    return True

@@ -35,7 +35,7 @@ from ..plane.model import (
     TokenRecord,
 )
 from ..wire import is_digest
-from .blobfiles import BlobFile
+from .blobfiles import BlobFile, drop_stale_parts
 
 __all__ = ["SqliteStore"]
 
@@ -621,6 +621,8 @@ class SqliteStore:
                 " WHERE expires_at <= ? AND (payload IS NOT NULL OR result IS NOT NULL)",
                 (now,),
             ).rowcount
+        if self._blob_dir is not None:
+            drop_stale_parts(self._blob_dir)
         return gone + stripped
 
     def list_invocations(
