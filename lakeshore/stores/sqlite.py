@@ -117,6 +117,9 @@ CREATE TABLE IF NOT EXISTS blobs (
 _LAST_FINISH = "SELECT coalesce(max(finish_seq), 0) FROM invocations WHERE finish_seq IS NOT NULL"
 _NEXT_FINISH = f"(({_LAST_FINISH}) + 1)"
 
+#: seconds between looks for parts of blob files whose writer died
+_PART_SWEEP = 3600.0
+
 _COLUMNS = [f.name for f in fields(Invocation)]
 _COLUMN_SET = frozenset(_COLUMNS)
 _SELECT = ", ".join(_COLUMNS)
@@ -233,6 +236,8 @@ class SqliteStore:
         self.shared = self.path != ":memory:"
         self._blob_dir = Path(self.path + ".blobs") if self.shared else None
         self._home: tuple[str, str] | None = None
+        #: when purge next looks for parts of blob files left by dead writers
+        self._parts_due = 0.0
         self._full = durability == "full"
         self.poll_interval = 0.002
         if self.shared:
@@ -621,7 +626,9 @@ class SqliteStore:
                 " WHERE expires_at <= ? AND (payload IS NOT NULL OR result IS NOT NULL)",
                 (now,),
             ).rowcount
-        if self._blob_dir is not None:
+        if self._blob_dir is not None and now >= self._parts_due:
+            # (a listing of every blob file: once an hour, not at each minute's purge)
+            self._parts_due = now + _PART_SWEEP
             drop_stale_parts(self._blob_dir)
         return gone + stripped
 
