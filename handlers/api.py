@@ -26,7 +26,14 @@ from .. import logs
 from ..api import Identity, Service, authenticate
 from ..api.codec import JSON, decode_body, encode_body, pick_type
 from ..dashboard import asset as dashboard_file
-from ..errors import InvalidRequest, LakeshoreError, MethodNotAllowed, NotFound, Unauthorized
+from ..errors import (
+    InvalidRequest,
+    LakeshoreError,
+    MethodNotAllowed,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+)
 from ..metrics import Event, Registry
 from ..plane.blobs import BlobUpload
 from ..wire import is_digest
@@ -85,6 +92,9 @@ class Upload:
             self._upload.write(data)
         except LakeshoreError as exc:
             return _fast_result(_error_response(exc, self._media))
+        except OSError as exc:  # (the disk is full, say): nothing is kept
+            self._upload.abort()
+            return self._unstored(exc)
         return None
 
     def end(self) -> dict[str, Any]:
@@ -92,7 +102,14 @@ class Upload:
             self._upload.finish()
         except LakeshoreError as exc:
             return _fast_result(_error_response(exc, self._media))
+        except OSError as exc:
+            self._upload.abort()
+            return self._unstored(exc)
         return _fast_result(_answer(204, None, self._media))
+
+    def _unstored(self, exc: OSError) -> dict[str, Any]:
+        reason = Unavailable(f"the plane could not store the blob: {exc.strerror or exc}")
+        return _fast_result(_error_response(reason, self._media))
 
     def abort(self) -> None:
         """The client went away: nothing is kept."""

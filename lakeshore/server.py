@@ -82,6 +82,8 @@ INLINE_BODY = 64 * 1024
 #: bytes of a streamed blob upload gathered before a request thread hashes and writes
 #: them (meanwhile the rest of the body waits in the connection's buffers)
 UPLOAD_SLICE = 1024 * 1024
+#: seconds a blob transfer may go without a byte moving before it is cut
+TRANSFER_IDLE = 60.0
 #: a waiting request with a body up to this many bytes is parked on the event loop (a
 #: wait on many ids, costlier to look at again on each change, keeps its own thread)
 PARK_BODY = 4096
@@ -169,6 +171,7 @@ def _per_thread_class(cls: type) -> type:
 
 
 R = TypeVar("R")
+_T = TypeVar("_T")
 _safe_classes: dict[type, type] = {}
 
 
@@ -244,6 +247,12 @@ class PlaneASGI:
         #: event without its body: an upload to write the body into, or the answer
         #: refusing it; see handlers.api.upload_path
         self.uploads = uploads
+        #: blob transfers under way (each holds no request thread while it waits on
+        #: the network; at most ``threads`` at once)
+        self._transfers = 0
+        #: whether the plane answers short requests on the loop (then a transfer's
+        #: checks run there too; else in a request thread)
+        self._quick = inline is not None and inline("GET", "/v1/hello", 0)
         #: the same for ``GET /v1/blobs/{digest}``: the path of the blob's file to send
         #: in pieces, the answer refusing it, or None (the resolver answers it)
         self.downloads = downloads
@@ -292,6 +301,9 @@ class PlaneASGI:
         self._pool.shutdown(wait=False)
         with self._idle:
             return self._idle.wait_for(lambda: self.in_flight == 0, timeout)
+
+    def is_stopping(self) -> bool:
+        return self._stopping
 
     def _cut_waits(self) -> None:
         for waiter, headers in list(self._waiting.items()):
@@ -403,35 +415,38 @@ class PlaneASGI:
                     del self._waiting[waiter]
         await _send(send, *answer, head=scope["method"] == "HEAD")
 
-    # --- streamed blob uploads (event loop; the writes in the pool) ---------------------
+    # --- streamed blob transfers (event loop; the disk work in the pool) ------------------
     async def _upload(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Answer:
         """A blob ``PUT`` written into the plane as its body arrives, in slices of
         :data:`UPLOAD_SLICE` handed to a request thread (hashed and written to the
         blob's file there), so no upload is held whole and the loop never waits on a
         disk. Its limit is the plane's blob limit, not ``max_body``; its checks (token
-        or signature, digest, declared size) are made before any of the body is read."""
-        if self._stopping:
+        or signature, digest, declared size) are made before any of the body is read.
+        A stop ends it (503) at the next slice; a client that sends nothing for
+        :data:`TRANSFER_IDLE` seconds is answered 408."""
+        if self.is_stopping():
             return _stopping_response(headers)
-        if not self._take_thread():
-            answer = _error_response(
-                503, "unavailable", f"all {self.threads} request threads are busy", headers
-            )
-            answer[1].append(("retry-after", "1"))
-            return answer
-        loop = asyncio.get_running_loop()
+        if not self._take_transfer():
+            return _busy_response("blob transfers", self.threads, headers)
         upload: Any = None
         try:
-            uploads = cast(Callable[[dict[str, Any]], Any], self.uploads)
-            opened = uploads(self._event(scope, headers, b""))
+            opened = await self._transfer_start(self.uploads, scope, headers)
             if isinstance(opened, dict):
                 return apigw.http_response(opened)  # refused before the body (left unread)
             upload = opened
             pieces: list[bytes] = []
             held = 0
             while True:
-                message = await receive()
+                try:
+                    message = await asyncio.wait_for(receive(), TRANSFER_IDLE)
+                except TimeoutError:
+                    return _error_response(
+                        408, "timeout", f"no bytes of the upload for {TRANSFER_IDLE:g} s", headers
+                    )
                 if message["type"] != "http.request":
                     return _GONE  # the client went away: the finally drops the upload
+                if self.is_stopping():
+                    return _stopping_response(headers)
                 piece = message.get("body", b"")
                 more = message.get("more_body", False)
                 pieces.append(piece)
@@ -439,77 +454,128 @@ class PlaneASGI:
                 if held >= UPLOAD_SLICE or not more:
                     data, pieces, held = b"".join(pieces), [], 0
                     step = functools.partial(_upload_step, upload, data, last=not more)
-                    answered = await loop.run_in_executor(self._pool, step)
+                    answered = await self._in_pool(step)
                     if answered is not None:  # (the last slice always is)
                         upload = None  # kept, or refused and dropped by itself
                         return apigw.http_response(answered)
         except Exception:
+            if self.is_stopping():
+                return _stopping_response(headers)
             log.exception("unhandled error in a blob upload to %s", scope.get("path"))
             return _error_response(500, "error", "internal error", headers)
         finally:
             if upload is not None:
                 upload.abort()
-            self._give_thread()
+            self._give_transfer()
 
     async def _download(
         self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send
     ) -> bool:
         """A blob ``GET`` sent from the blob's file in slices of :data:`UPLOAD_SLICE`
         (each read in a request thread), so no download is held whole, nor read on for
-        a client that hung up. False when the resolver is to answer it (the blob is not
-        in a file)."""
-        if self._stopping:
+        a client that hung up, stopped reading for :data:`TRANSFER_IDLE` seconds, or a
+        server that stops. False when the resolver is to answer it (the blob is not in
+        a file)."""
+        if self.is_stopping():
             await _send(send, *_stopping_response(headers))
             return True
-        downloads = cast(Callable[[dict[str, Any]], Any], self.downloads)
-        found = downloads(self._event(scope, headers, b""))
-        if found is None:
-            return False
-        if isinstance(found, dict):
-            await _send(send, *apigw.http_response(found))
+        if not self._take_transfer():
+            await _send(send, *_busy_response("blob transfers", self.threads, headers))
             return True
-        if not self._take_thread():
-            answer = _error_response(
-                503, "unavailable", f"all {self.threads} request threads are busy", headers
-            )
-            answer[1].append(("retry-after", "1"))
-            await _send(send, *answer)
-            return True
-        loop = asyncio.get_running_loop()
         gone: asyncio.Future[Message] | None = None
+        fd: int | None = None
         try:
+            found = await self._transfer_start(self.downloads, scope, headers)
+            if found is None:
+                return False
+            if isinstance(found, dict):
+                await _send(send, *apigw.http_response(found))
+                return True
             try:
                 fd = os.open(found, os.O_RDONLY)
             except OSError:
                 return False  # (gone since it was found: the resolver answers)
-            try:
-                await receive()  # the (empty) body; from here receive() ends on a hang-up
-                gone = asyncio.ensure_future(receive())
-                size = os.fstat(fd).st_size
-                start = {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [
-                        (b"content-type", b"application/octet-stream"),
-                        (b"content-length", str(size).encode()),
-                    ],
-                }
-                await send(start)
-                sent = 0
-                while True:
-                    want = min(UPLOAD_SLICE, size - sent)
-                    piece = await loop.run_in_executor(self._pool, os.pread, fd, want, sent)
-                    sent += len(piece)
-                    more = bool(piece) and sent < size  # (a blob file never shrinks)
-                    await send({"type": "http.response.body", "body": piece, "more_body": more})
-                    if not more or _disconnected(gone):
-                        return True
-            finally:
-                os.close(fd)
+            size = os.fstat(fd).st_size
+            start = {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/octet-stream"),
+                    (b"content-length", str(size).encode()),
+                ],
+            }
+            await send(start)
+            await receive()  # the (empty) body; from here receive() ends on a hang-up
+            gone = asyncio.ensure_future(receive())
+            sent = 0
+            while True:
+                want = min(UPLOAD_SLICE, size - sent)
+                piece = await self._in_pool(functools.partial(os.pread, fd, want, sent))
+                sent += len(piece)
+                more = bool(piece) and sent < size  # (a blob file never shrinks)
+                body = {"type": "http.response.body", "body": piece, "more_body": more}
+                try:
+                    await asyncio.wait_for(send(body), TRANSFER_IDLE)
+                except TimeoutError:
+                    return True  # a reader that stopped reading: cut (the response unended)
+                if not more or _disconnected(gone) or self.is_stopping():
+                    return True
+        except Exception:
+            if not self.is_stopping():
+                log.exception("unhandled error sending the blob %s", scope.get("path"))
+            return True  # (the response is cut short: the client sees it unended)
         finally:
+            if fd is not None:
+                os.close(fd)
             if gone is not None and not gone.done():
                 gone.cancel()
+            self._give_transfer()
+
+    async def _transfer_start(
+        self, start: Callable[[dict[str, Any]], Any] | None, scope: Scope, headers: dict[str, str]
+    ) -> Any:
+        """A transfer's checks (the route's: token or signature, digest, size), on the
+        loop where short requests are answered there, else in a request thread (a
+        plane whose every call is a round trip, as ``lakeshore dev``'s)."""
+        opening = functools.partial(
+            cast(Callable[..., Any], start), self._event(scope, headers, b"")
+        )
+        return opening() if self._quick else await self._in_pool(opening)
+
+    async def _in_pool(self, work: Callable[[], _T]) -> _T:
+        """``work()`` in a request thread, counted in :attr:`in_flight` (so ``close``
+        waits for it). Cancelled meanwhile (a stop past its grace), the request still
+        waits for it to end before it goes on: its file is not closed under it."""
+        with self._idle:
+            self.in_flight += 1
+        try:
+            running = asyncio.get_running_loop().run_in_executor(self._pool, self._counted, work)
+        except RuntimeError:  # the pool is shut down: the server is stopping
             self._give_thread()
+            raise
+        try:
+            return await asyncio.shield(running)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await running
+            raise
+
+    def _counted(self, work: Callable[[], _T]) -> _T:
+        try:
+            return work()
+        finally:
+            self._give_thread()
+
+    def _take_transfer(self) -> bool:
+        with self._idle:
+            if self._transfers >= self.threads:
+                return False
+            self._transfers += 1
+            return True
+
+    def _give_transfer(self) -> None:
+        with self._idle:
+            self._transfers -= 1
 
     # --- parked requests (event loop only, but for _on_change) -----------------------
     async def _answer_parked(
@@ -733,6 +799,12 @@ def _disconnected(receiving: asyncio.Future[Message]) -> bool:
 def _settle(waiter: asyncio.Future[Answer | None], answer: Answer | None) -> None:
     if not waiter.done():  # a stop may have answered it already
         waiter.set_result(answer)
+
+
+def _busy_response(what: str, limit: int, headers: Mapping[str, str]) -> Answer:
+    answer = _error_response(503, "unavailable", f"all {limit} {what} are busy", headers)
+    answer[1].append(("retry-after", "1"))
+    return answer
 
 
 def _stopping_response(headers: Mapping[str, str]) -> Answer:

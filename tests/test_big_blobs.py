@@ -16,15 +16,21 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import role_token
 
 import dreamlake.lakeshore as dls
-from dreamlake.lakeshore.errors import InvalidRequest, PayloadTooLarge
+from dreamlake.lakeshore.api import Limits, Service
+from dreamlake.lakeshore.api.auth import Identity
+from dreamlake.lakeshore.errors import InvalidRequest, PayloadTooLarge, Unavailable
 from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.plane.model import Claim
 from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.stores import SqliteStore
+from dreamlake.lakeshore.worker.execute import Outcome
+from dreamlake.lakeshore.worker.report import report_many
 
 MIB = 1024 * 1024
 
@@ -294,11 +300,112 @@ def test_the_sweep_drops_parts_whose_writer_died_and_keeps_a_live_writers(
         digest = hashlib.sha256(b"part").hexdigest()
         stale = blobs / f".{digest}.{int(ended.stdout)}.0a1b2c3d"
         live = blobs / f".{digest}.{os.getpid()}.0a1b2c3d"
-        stale.write_bytes(b"half a blob")
-        live.write_bytes(b"half another")
+        fresh = blobs / f".{digest}.{int(ended.stdout)}.4e5f6a7b"
+        for part in (stale, live, fresh):
+            part.write_bytes(b"half a blob")
+        hour_ago = time.time() - 3700
+        for part in (stale, live):
+            os.utime(part, (hour_ago, hour_ago))
         # When the plane sweeps
         plane.sweep()
-        # Then the dead writer's part is gone; the live one's and the directory's id stay
-        assert not stale.exists() and live.exists() and (blobs / ".id").exists()
+        # Then the dead writer's part untouched for an hour is gone; the live writer's,
+        # one touched lately (a writer this machine may not see) and the id stay
+        assert not stale.exists() and live.exists() and fresh.exists()
+        assert (blobs / ".id").exists()
     finally:
         plane.close()
+
+
+class _Refusing:
+    """A Dispatch stand-in whose blob uploads raise ``error``; records the reports."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.completed: list[Any] = []
+        self.failed: list[Any] = []
+        self.transport = self
+
+    def upload(self, blobs: dict[str, bytes]) -> None:
+        raise self.error
+
+    def complete_many(self, items: list[Any]) -> list[Any]:
+        self.completed += items
+        return [None for _ in items]
+
+    def fail_many(self, items: list[Any]) -> None:
+        self.failed += items
+
+
+@pytest.mark.parametrize(
+    ("error", "fails_now"),
+    [
+        (PayloadTooLarge("blob of 3 bytes is over the 2 byte blob limit"), True),
+        (InvalidRequest("400"), False),  # (an S3 answer with no more than its status)
+        (Unavailable("the plane is away"), False),
+    ],
+)
+def test_only_a_result_over_the_blob_limit_fails_its_invocation_without_a_retry(
+    error: Exception, fails_now: bool
+) -> None:
+    claim = Claim("inv-1", "q", b"", "lease", 0.0, 1, None)
+    outcome = Outcome(ok=True, result=b"ref", blobs={"d" * 64: b"big"})
+    dispatch = _Refusing(error)
+    report_many(dispatch, [(claim, outcome)])  # type: ignore[arg-type]
+    assert dispatch.completed == []
+    if fails_now:  # failed with the plane's reason, not to be retried
+        ((inv, _, err, retryable),) = dispatch.failed
+        assert inv == "inv-1" and "blob limit" in err["message"] and retryable is False
+    else:  # nothing reported: the lease runs out and the job runs again
+        assert dispatch.failed == []
+
+
+def test_a_plane_keeping_blobs_in_its_database_takes_none_past_a_request() -> None:
+    plane = Plane(SqliteStore(":memory:"))
+    try:
+        service = Service(plane, limits=Limits(max_body=MIB))
+        admin = Identity("admin", "admin", ("*",))
+        assert service.hello(admin)["limits"]["max_blob"] == MIB
+        with pytest.raises(PayloadTooLarge, match=f"{MIB} byte blob limit"):
+            service.upload_blob(hashlib.sha256(b"x").hexdigest(), 2 * MIB)
+    finally:
+        plane.close()
+
+
+def test_stalled_transfers_hold_no_request_thread_and_are_capped(tmp_path: Path) -> None:
+    # Given serve with 2 request threads, and two uploads that send a little and stall
+    server = LocalServer(tmp_path / "plane.db", threads=2)
+    server.start()
+    try:
+        token = role_token(server, "producer")
+        host, port = server.url.removeprefix("http://").split(":")
+        stalled = []
+        for i in range(2):
+            sock = socket.create_connection((host, int(port)))
+            digest = hashlib.sha256(str(i).encode()).hexdigest()
+            sock.sendall(
+                f"PUT /v1/blobs/{digest} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                f"{token}\r\nContent-Length: {2 * MIB}\r\n\r\n".encode()
+                + b"x" * 1000
+            )
+            stalled.append(sock)
+        deadline = time.monotonic() + 10
+        while server.asgi._transfers < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.01)
+        # Then requests that need a thread are still answered
+        with dls.Dispatch(server.url, token=token) as dp:
+            assert dp.transport.missing_blobs(["a" * 64]) == {"a" * 64}
+        # and a third transfer is refused for now (503, retry), not queued without end
+        data = os.urandom(1000)
+        status, body = _put(
+            server, hashlib.sha256(data).hexdigest(), data, {"Authorization": f"Bearer {token}"}
+        )
+        assert status == 503 and b"blob transfers are busy" in body
+        for sock in stalled:
+            sock.close()
+        deadline = time.monotonic() + 10
+        while server.asgi._transfers and time.monotonic() < deadline:  # type: ignore[union-attr]
+            time.sleep(0.01)
+        assert server.asgi._transfers == 0  # type: ignore[union-attr]
+        assert _leftovers(server) == []
+    finally:
+        server.stop()

@@ -84,14 +84,15 @@ def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> No
 def _upload_results(
     dispatch: Dispatch, ok: list[tuple[Claim, Outcome]]
 ) -> tuple[list[tuple[Claim, Outcome]], list[tuple[Claim, Outcome]]]:
-    """Upload the result blobs of ``ok``: those the plane took, and as failures those it
-    refused (a result over its blob limit, say) — a refusal is its answer, not an outage
-    to wait out: the invocation fails now instead of running again. Other errors (the
-    plane away) raise: nothing is reported and the lease runs out into a retry."""
+    """Upload the result blobs of ``ok``: those the plane took, and as failures those
+    over its blob limit — a result that big will not fit however often the job runs, so
+    the invocation fails now with the reason. Other errors raise (the plane away, or an
+    S3 answer that says no more than its status): nothing is reported, and the lease
+    runs out into a retry."""
     try:
         dispatch.upload({d: b for _, o in ok for d, b in o.blobs.items()})
         return ok, []
-    except (InvalidRequest, PayloadTooLarge) as exc:
+    except PayloadTooLarge as exc:
         if len(ok) == 1:
             return [], [(ok[0][0], _unreadable_result(exc))]
     taken: list[tuple[Claim, Outcome]] = []
@@ -100,7 +101,7 @@ def _upload_results(
         try:
             dispatch.upload(outcome.blobs)
             taken.append((claim, outcome))
-        except (InvalidRequest, PayloadTooLarge) as exc:
+        except PayloadTooLarge as exc:
             refused.append((claim, _unreadable_result(exc)))
     return taken, refused
 

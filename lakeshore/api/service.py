@@ -178,7 +178,7 @@ class Service(WorkerRoutes):
                 "max_wait": self.limits.max_wait,
                 "max_wait_ids": self.limits.max_batch * 20,
                 "submit_blobs": self.limits.max_body,
-                "max_blob": self.limits.max_blob,
+                "max_blob": self.max_blob,
             },
             "identity": {
                 "token_id": ident.token_id,
@@ -344,10 +344,9 @@ class Service(WorkerRoutes):
             if not is_digest(digest):
                 raise InvalidRequest("blobs are named by their sha256 (64 lower-case hex digits)")
             out[digest] = as_bytes(data, f"blobs[{digest[:12]}…]")
-            if len(out[digest]) > self.limits.max_blob:
+            if len(out[digest]) > self.max_blob:
                 raise PayloadTooLarge(
-                    f"blob of {len(out[digest])} bytes is over the "
-                    f"{self.limits.max_blob} byte blob limit"
+                    f"blob of {len(out[digest])} bytes is over the {self.max_blob} byte blob limit"
                 )
         return out
 
@@ -533,21 +532,35 @@ class Service(WorkerRoutes):
         missing = sorted(self.plane.missing_blobs(digests))
         return {"missing": missing, "upload": {d: self.signed_url("PUT", d) for d in missing}}
 
+    @property
+    def max_blob(self) -> int:
+        """Bytes of one blob this plane takes: ``limits.max_blob`` where blobs are files
+        (a plane file) or S3 objects (signed URLs); no more than a request where they
+        are rows of the database (a ``":memory:"`` plane)."""
+        store = self.plane.store
+        if blob_home(store) is not None or callable(getattr(store, "blob_url", None)):
+            return self.limits.max_blob
+        return min(self.limits.max_blob, self.limits.max_body)
+
     def put_blob(self, digest: str, data: bytes) -> None:
-        if len(data) > self.limits.max_blob:
+        if len(data) > self.max_blob:
             raise PayloadTooLarge(
-                f"blob of {len(data)} bytes is over the {self.limits.max_blob} byte blob limit"
+                f"blob of {len(data)} bytes is over the {self.max_blob} byte blob limit"
             )
         self.plane.put_blob(digest, data)
 
     def upload_blob(self, digest: str, size: int | None) -> BlobUpload:
         """A blob ``PUT`` in pieces as its body arrives (``size``: its declared length,
-        refused at once when over the limit, as is the upload that grows past it)."""
-        if size is not None and size > self.limits.max_blob:
-            raise PayloadTooLarge(
-                f"blob of {size} bytes is over the {self.limits.max_blob} byte blob limit"
-            )
-        return self.plane.blob_upload(digest, limit=self.limits.max_blob)
+        refused at once when over the limit, as is the upload that grows past it). Only
+        a plane that writes blob files takes more than a request this way: another one
+        keeps the pieces in memory until the end (on AWS, large blobs go to S3 by the
+        signed URLs of ``POST /v1/blobs/missing``)."""
+        limit = self.max_blob
+        if blob_home(self.plane.store) is None:
+            limit = min(limit, self.limits.max_body)
+        if size is not None and size > limit:
+            raise PayloadTooLarge(f"blob of {size} bytes is over the {limit} byte blob limit")
+        return self.plane.blob_upload(digest, limit=limit)
 
     def get_blob(self, digest: str) -> bytes:
         return self.plane.get_blob(digest)

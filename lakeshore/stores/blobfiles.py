@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from pathlib import Path
 
 __all__ = ["BlobFile", "drop_stale_parts"]
@@ -48,22 +49,25 @@ class BlobFile:
         self._part.unlink(missing_ok=True)
 
 
-def drop_stale_parts(directory: Path) -> int:
+def drop_stale_parts(directory: Path, *, idle: float = 3600.0) -> int:
     """Remove the parts of blobs whose writer died mid-write (a crash, a kill): each is
-    named for its writer's process, and a part of a process that no longer runs will
-    never be finished. Returns how many went."""
+    named for its writer's process, and a part of a process that no longer runs here,
+    untouched for ``idle`` seconds, will never be finished (the age guards a writer this
+    machine cannot see: another container sharing the directory). Returns how many went."""
     dropped = 0
     try:
-        names = [e.name for e in os.scandir(directory) if e.name.startswith(".")]
+        entries = [e for e in os.scandir(directory) if e.name.startswith(".")]
     except OSError:
         return 0
-    for name in names:
-        fields = name.split(".")  # "", digest, pid, suffix
+    old = time.time() - idle
+    for entry in entries:
+        fields = entry.name.split(".")  # "", digest, pid, suffix
         if len(fields) != 4 or not fields[2].isdigit() or _running(int(fields[2])):
             continue
         with contextlib.suppress(OSError):
-            (directory / name).unlink()
-            dropped += 1
+            if entry.stat().st_mtime < old:
+                os.unlink(entry.path)
+                dropped += 1
     return dropped
 
 
