@@ -19,6 +19,7 @@ plain dict: ``{"type", "message", "traceback", "pickled"}``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import pickle
@@ -341,21 +342,58 @@ def verified(digest_hex: str, data: bytes) -> bytes:
     return data
 
 
+#: characters of an error's message and traceback, and bytes of its pickle, a failure
+#: keeps: the rest is cut (an exception carrying megabytes of text must still fit a
+#: report, and a plane's record of the failure)
+ERROR_MESSAGE = 8 * 1024
+ERROR_TRACEBACK = 16 * 1024
+ERROR_PICKLE = 32 * 1024
+
+
 def encode_error(exc: BaseException) -> dict[str, Any]:
-    """Describe an exception for the plane; keep a pickle of it when one can be made."""
+    """Describe an exception for the plane; keep a pickle of it when one can be made.
+
+    A message or traceback over :data:`ERROR_MESSAGE` / :data:`ERROR_TRACEBACK`
+    characters is cut, saying how much went (a traceback keeps its end, where the
+    raise is); a pickle over :data:`ERROR_PICKLE` bytes is made again of the same type
+    with the cut message, or left out (the producer then gets a ``RemoteError``)."""
     cls = type(exc)
-    pickled: bytes | None
+    message = str(exc)
+    cut = _cut(message, ERROR_MESSAGE, keep_end=False)
+    pickled = _pickled(exc)
+    if pickled is not None and len(pickled) > ERROR_PICKLE:
+        pickled = None
+        if cut != message and exc.args == (message,):  # (a plain message: its type again)
+            with contextlib.suppress(Exception):
+                pickled = _pickled(cls(cut))
+        if pickled is not None and len(pickled) > ERROR_PICKLE:
+            pickled = None
+    return {
+        "type": f"{cls.__module__}.{cls.__qualname__}",
+        "message": cut,
+        "traceback": _cut("".join(traceback.format_exception(exc)), ERROR_TRACEBACK),
+        "pickled": pickled,
+    }
+
+
+def _pickled(exc: BaseException) -> bytes | None:
     try:
         pickled = bytes(cloudpickle.dumps(exc, protocol=PICKLE_PROTOCOL))
         pickle.loads(pickled)  # only keep what will load again
     except Exception:
-        pickled = None
-    return {
-        "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
-        "pickled": pickled,
-    }
+        return None
+    return pickled
+
+
+def _cut(text: str, most: int, *, keep_end: bool = True) -> str:
+    """``text`` if it has at most ``most`` characters; else its start (and, with
+    ``keep_end``, its end) around a note of how many characters went."""
+    if len(text) <= most:
+        return text
+    head = most // 4 if keep_end else most
+    tail = most - head if keep_end else 0
+    note = f"\n… [{len(text) - head - tail} characters cut] …\n"
+    return text[:head] + note + (text[-tail:] if tail else "")
 
 
 def decode_error(error: dict[str, Any]) -> BaseException:

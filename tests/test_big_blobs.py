@@ -3,7 +3,7 @@ blob's file as it arrives (checked against its digest, never held whole), up to 
 plane's blob limit (``limits.max_blob``), so an argument or a result of many megabytes
 makes the round trip; one over the limit is refused with a 413 before its body is read,
 and a job whose result the plane will not take fails at once with the reason instead
-of running again."""
+of running again. An error carrying megabytes of text is cut to fit its report."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from dreamlake.lakeshore.plane import Plane
 from dreamlake.lakeshore.plane.model import Claim
 from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.stores import SqliteStore
+from dreamlake.lakeshore.wire import ERROR_MESSAGE, ERROR_TRACEBACK, decode_error, encode_error
 from dreamlake.lakeshore.worker.execute import Outcome
 from dreamlake.lakeshore.worker.report import report_many
 
@@ -409,3 +410,42 @@ def test_stalled_transfers_hold_no_request_thread_and_are_capped(tmp_path: Path)
         assert _leftovers(server) == []
     finally:
         server.stop()
+
+
+class _Pair(Exception):
+    def __init__(self, what: str, data: bytes) -> None:
+        super().__init__(what, data)
+
+
+def raise_big(n: int) -> None:
+    raise ValueError("x" * n)
+
+
+def test_an_error_carrying_megabytes_is_cut_to_fit_a_report() -> None:
+    # A plain message: cut, and the pickle made again of its type with the cut message
+    err = encode_error(ValueError("x" * (5 * MIB)))
+    assert len(err["message"]) < ERROR_MESSAGE + 100 and "characters cut" in err["message"]
+    assert len(err["traceback"]) < ERROR_TRACEBACK + 100
+    assert err["traceback"].rstrip().endswith("x")  # (its end kept: where the raise is)
+    rebuilt = decode_error(err)
+    assert type(rebuilt) is ValueError and str(rebuilt) == err["message"]
+    # Other arguments: no pickle of it (the producer gets a RemoteError naming the type)
+    other = encode_error(_Pair("big", b"y" * (5 * MIB)))
+    assert other["pickled"] is None and len(other["message"]) < ERROR_MESSAGE + 100
+    assert isinstance(decode_error(other), dls.RemoteError)
+    # A small error is left whole
+    small = encode_error(ValueError("boom"))
+    assert small["message"] == "boom" and decode_error(small).args == ("boom",)
+
+
+def test_a_job_raising_megabytes_of_message_fails_at_once_over_serve(served: LocalServer) -> None:
+    with (
+        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
+        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker,
+    ):
+        q = dls.SyncQueue("big", dispatch=producer)
+        inv = q.submit(raise_big, 5 * MIB)
+        dls.run_worker(dls.SyncQueue("big", dispatch=worker), once=True, poll=0.05)
+        assert producer.transport.get(inv).state.value == "failed"
+        with pytest.raises(ValueError, match="characters cut"):
+            q.result(inv, timeout=10)
