@@ -11,7 +11,11 @@ import contextvars
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["progress", "reporting"]
+__all__ = ["MAX_MESSAGE", "progress", "reporting"]
+
+#: characters of a progress message the plane keeps (a longer one is cut here, before
+#: it travels)
+MAX_MESSAGE = 1000
 
 Reporter = Callable[[float, "str | None"], None]
 
@@ -21,12 +25,13 @@ _reporter: contextvars.ContextVar[Reporter | None] = contextvars.ContextVar(
 
 
 def progress(fraction: float, message: str | None = None) -> None:
-    """Record that the running job is ``fraction`` (0 to 1) done, with a message."""
+    """Record that the running job is ``fraction`` (0 to 1) done, with a message (its
+    first :data:`MAX_MESSAGE` characters)."""
     if not 0.0 <= float(fraction) <= 1.0:
         raise ValueError("progress takes a fraction from 0 to 1")
     report = _reporter.get()
     if report is not None:
-        report(float(fraction), message)
+        report(float(fraction), None if message is None else str(message)[:MAX_MESSAGE])
 
 
 @contextmanager

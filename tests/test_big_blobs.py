@@ -27,6 +27,7 @@ from dreamlake.lakeshore.api.auth import Identity
 from dreamlake.lakeshore.errors import InvalidRequest, PayloadTooLarge, Unavailable
 from dreamlake.lakeshore.plane import Plane
 from dreamlake.lakeshore.plane.model import Claim
+from dreamlake.lakeshore.progress import MAX_MESSAGE
 from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.wire import ERROR_MESSAGE, ERROR_TRACEBACK, decode_error, encode_error
@@ -449,3 +450,24 @@ def test_a_job_raising_megabytes_of_message_fails_at_once_over_serve(served: Loc
         assert producer.transport.get(inv).state.value == "failed"
         with pytest.raises(ValueError, match="characters cut"):
             q.result(inv, timeout=10)
+
+
+def say_much(n: int) -> int:
+    dls.progress(0.5, "p" * n)
+    return n
+
+
+def test_a_progress_message_of_megabytes_is_kept_as_far_as_the_plane_keeps_it(
+    served: LocalServer,
+) -> None:
+    with (
+        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
+        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker,
+    ):
+        q = dls.SyncQueue("big", dispatch=producer)
+        inv = q.submit(say_much, 5 * MIB)
+        dls.run_worker(dls.SyncQueue("big", dispatch=worker), once=True, poll=0.05)
+        assert q.result(inv, timeout=10) == 5 * MIB
+        # cut to what the plane keeps before it travels (a request of megabytes was
+        # refused as too large, and the progress lost)
+        assert producer.transport.get(inv).progress_message == "p" * MAX_MESSAGE

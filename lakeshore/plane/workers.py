@@ -12,6 +12,7 @@ from itertools import islice
 from typing import Any
 
 from ..errors import InvalidRequest, LeaseLost, UnknownInvocation
+from ..progress import MAX_MESSAGE
 from .base import PlaneBase, Update
 from .kinds import BOLTZMANN_CANDIDATES, boltzmann_order, running_cap, temperature
 from .model import Claim, HeartbeatAnswer, Invocation, LogEntry, QueueSpec, State
@@ -20,7 +21,6 @@ __all__ = ["WorkerOps"]
 
 #: log chunk numbers per attempt (an entry's seq is attempt * span + n)
 _LOG_SEQ_SPAN = 1_000_000_000
-_MAX_PROGRESS_MESSAGE = 1000
 #: how many expired leases one sweep pass handles
 _SWEEP_BATCH = 500
 
@@ -338,8 +338,8 @@ class WorkerOps(PlaneBase):
             0.0 <= fraction <= 1.0
         ):
             raise InvalidRequest("progress must be a fraction from 0 to 1")
-        if message is not None and len(message) > _MAX_PROGRESS_MESSAGE:
-            message = message[:_MAX_PROGRESS_MESSAGE]
+        if message is not None and len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE]
         expect = _held(lease_token)
         changes = {"progress": float(fraction), "progress_message": message}
         if self.store.update_if(inv_id, expect, changes) is None:
