@@ -301,48 +301,41 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
         blob_access("GET", digest)
         return Response(200, "application/octet-stream", service.get_blob(digest))
 
-    def upload_start(event: dict[str, Any]) -> Upload | dict[str, Any]:
-        """For ``lakeshore serve``: a ``PUT /v1/blobs/{digest}`` checked (digest, token
-        or signed URL, declared size) before its body is read, then streamed into the
-        plane piece by piece; or the answer that refuses it."""
-        app.current_event = app._to_proxy_event(event)  # type: ignore[assignment]
-        kind = JSON
-        try:
-            kind = media()
-            digest = event["rawPath"].rsplit("/", 1)[-1]
-            blob_access("PUT", digest)
-            declared = apigw.header(event, "content-length")
-            size = int(declared) if declared is not None and declared.isdigit() else None
-            return Upload(service.upload_blob(digest, size), kind)
-        except LakeshoreError as exc:
-            return _fast_result(_error_response(exc, kind))
-        except Exception as exc:
-            return _fast_result(unexpected(exc))
-        finally:
-            app.current_event = None  # type: ignore[assignment]
+    def blob_transfer(
+        method: str, then: Callable[[str, str], Any]
+    ) -> Callable[[dict[str, Any]], Any]:
+        """For ``lakeshore serve``: a blob ``PUT`` or ``GET`` checked as its route
+        checks it (digest, token or signed URL) before any body moves, then
+        ``then(digest, media type)``; or the answer that refuses it."""
 
-    app.__dict__[_UPLOAD] = upload_start
+        def start(event: dict[str, Any]) -> Any:
+            app.current_event = app._to_proxy_event(event)  # type: ignore[assignment]
+            kind = JSON
+            try:
+                kind = media()
+                digest = event["rawPath"].rsplit("/", 1)[-1]
+                blob_access(method, digest)
+                return then(digest, kind)
+            except LakeshoreError as exc:
+                return _fast_result(_error_response(exc, kind))
+            except Exception as exc:
+                return _fast_result(unexpected(exc))
+            finally:
+                app.current_event = None  # type: ignore[assignment]
 
-    def download_start(event: dict[str, Any]) -> str | dict[str, Any] | None:
-        """For ``lakeshore serve``: a ``GET /v1/blobs/{digest}`` checked as the route
-        checks it, answered with the path of the blob's file for the server to send in
-        pieces; the answer that refuses it; or None to let the route answer it (a blob
-        kept in the database, or none)."""
-        app.current_event = app._to_proxy_event(event)  # type: ignore[assignment]
-        kind = JSON
-        try:
-            kind = media()
-            digest = event["rawPath"].rsplit("/", 1)[-1]
-            blob_access("GET", digest)
-            return service.blob_file(digest)
-        except LakeshoreError as exc:
-            return _fast_result(_error_response(exc, kind))
-        except Exception as exc:
-            return _fast_result(unexpected(exc))
-        finally:
-            app.current_event = None  # type: ignore[assignment]
+        return start
 
-    app.__dict__[_DOWNLOAD] = download_start
+    def upload(digest: str, kind: str) -> Upload:
+        """A ``PUT``'s body streamed into the plane piece by piece (a declared length
+        over the limit refused before any of it is read)."""
+        declared = apigw.header(app.current_event.raw_event, "content-length")
+        size = int(declared) if declared is not None and declared.isdigit() else None
+        return Upload(service.upload_blob(digest, size), kind)
+
+    # a GET: the path of the blob's file for the server to send in pieces, or None to
+    # let the route answer it (a blob kept in the database, or none)
+    app.__dict__[_UPLOAD] = blob_transfer("PUT", upload)
+    app.__dict__[_DOWNLOAD] = blob_transfer("GET", lambda digest, _: service.blob_file(digest))
 
     for method, fn in (("PUT", put_blob), ("GET", get_blob)):
         ROUTES.append((method, "/v1/blobs/{digest}")) if (

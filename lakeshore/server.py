@@ -394,10 +394,7 @@ class PlaneASGI:
             # Short requests skip the two thread hand-overs (~0.1 ms each under the GIL).
             answer = self._resolve(self._event(scope, headers, body))
         elif not self._take_thread():
-            answer = _error_response(
-                503, "unavailable", f"all {self.threads} request threads are busy", headers
-            )
-            answer[1].append(("retry-after", "1"))
+            answer = _busy_response("request threads", self.threads, headers)
         else:
             event = self._event(scope, headers, body)
             loop = self._loop = asyncio.get_running_loop()

@@ -7,6 +7,8 @@ of running again. An error carrying megabytes of text is cut to fit its report."
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import http.client
 import os
@@ -14,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,23 @@ def small(tmp_path: Path) -> Iterator[LocalServer]:
     server.stop()
 
 
+@contextlib.contextmanager
+def _producer_and_worker(
+    server: LocalServer,
+) -> Iterator[tuple[dls.SyncQueue, Callable[[], int]]]:
+    """A producer's queue on ``server``, and a function that runs one job of it in a
+    worker (of a token of its own)."""
+    with (
+        dls.Dispatch(server.url, token=role_token(server, "producer")) as producer,
+        dls.Dispatch(server.url, token=role_token(server, "worker")) as worker,
+    ):
+        queue = dls.SyncQueue("big", dispatch=worker)
+        yield (
+            dls.SyncQueue("big", dispatch=producer),
+            functools.partial(dls.run_worker, queue, once=True, poll=0.05),
+        )
+
+
 def _blob_dir(server: LocalServer) -> Path:
     return server.plane_path.with_name(server.plane_path.name + ".blobs")
 
@@ -85,17 +104,13 @@ def test_serve_runs_a_call_whose_argument_and_result_are_over_the_request_limit(
 ) -> None:
     # Given lakeshore serve (requests up to 4 MiB) and a producer and a worker on it
     data = os.urandom(6 * MIB)
-    with (
-        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
-        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker,
-    ):
-        assert producer.transport.hello()["limits"]["max_blob"] == 5 * 1024 * MIB
-        q = dls.SyncQueue("big", dispatch=producer)
+    with _producer_and_worker(served) as (q, run_one):
+        assert q.dispatch.transport.hello()["limits"]["max_blob"] == 5 * 1024 * MIB
         # When a call takes 6 MiB and another returns 6 MiB
         took = q.submit(byte_count, data)
         gave = q.submit(make_bytes, 6 * MIB)
         for _ in range(2):
-            dls.run_worker(dls.SyncQueue("big", dispatch=worker), once=True, poll=0.05)
+            run_one()
         # Then both made the round trip whole
         assert q.result(took, timeout=30) == len(data)
         assert q.result(gave, timeout=30) == make_bytes(6 * MIB)
@@ -158,17 +173,13 @@ def test_a_blob_over_the_plane_limit_is_refused_declared_or_streamed(small: Loca
 
 def test_a_result_over_the_blob_limit_fails_its_invocation_at_once(small: LocalServer) -> None:
     # Given a job whose result (3 MiB) is over the plane's blob limit (2 MiB)
-    with (
-        dls.Dispatch(small.url, token=role_token(small, "producer")) as producer,
-        dls.Dispatch(small.url, token=role_token(small, "worker")) as worker,
-    ):
-        q = dls.SyncQueue("big", dispatch=producer)
+    with _producer_and_worker(small) as (q, run_one):
         inv = q.submit(make_bytes, 3 * MIB)
         # When a worker runs it
-        dls.run_worker(dls.SyncQueue("big", dispatch=worker), once=True, poll=0.05)
+        run_one()
         # Then it has failed with the plane's reason (not left running until its
         # lease runs out, to run again and again)
-        rec = producer.transport.get(inv)
+        rec = q.dispatch.transport.get(inv)
         assert rec.state.value == "failed"
         with pytest.raises(dls.RemoteError, match="blob limit"):
             q.result(inv, timeout=10)
@@ -440,14 +451,10 @@ def test_an_error_carrying_megabytes_is_cut_to_fit_a_report() -> None:
 
 
 def test_a_job_raising_megabytes_of_message_fails_at_once_over_serve(served: LocalServer) -> None:
-    with (
-        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
-        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker,
-    ):
-        q = dls.SyncQueue("big", dispatch=producer)
+    with _producer_and_worker(served) as (q, run_one):
         inv = q.submit(raise_big, 5 * MIB)
-        dls.run_worker(dls.SyncQueue("big", dispatch=worker), once=True, poll=0.05)
-        assert producer.transport.get(inv).state.value == "failed"
+        run_one()
+        assert q.dispatch.transport.get(inv).state.value == "failed"
         with pytest.raises(ValueError, match="characters cut"):
             q.result(inv, timeout=10)
 
@@ -460,14 +467,10 @@ def say_much(n: int) -> int:
 def test_a_progress_message_of_megabytes_is_kept_as_far_as_the_plane_keeps_it(
     served: LocalServer,
 ) -> None:
-    with (
-        dls.Dispatch(served.url, token=role_token(served, "producer")) as producer,
-        dls.Dispatch(served.url, token=role_token(served, "worker")) as worker,
-    ):
-        q = dls.SyncQueue("big", dispatch=producer)
+    with _producer_and_worker(served) as (q, run_one):
         inv = q.submit(say_much, 5 * MIB)
-        dls.run_worker(dls.SyncQueue("big", dispatch=worker), once=True, poll=0.05)
+        run_one()
         assert q.result(inv, timeout=10) == 5 * MIB
         # cut to what the plane keeps before it travels (a request of megabytes was
         # refused as too large, and the progress lost)
-        assert producer.transport.get(inv).progress_message == "p" * MAX_MESSAGE
+        assert q.dispatch.transport.get(inv).progress_message == "p" * MAX_MESSAGE
