@@ -318,6 +318,9 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
                 return then(digest, kind)
             except LakeshoreError as exc:
                 return _fast_result(_error_response(exc, kind))
+            except OSError as exc:  # (the blob's file could not be made: a full disk)
+                reason = Unavailable(f"the plane could not store the blob: {exc.strerror or exc}")
+                return _fast_result(_error_response(reason, kind))
             except Exception as exc:
                 return _fast_result(unexpected(exc))
             finally:

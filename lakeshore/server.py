@@ -265,7 +265,8 @@ class PlaneASGI:
         self.threads = threads
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="lakeshore-api")
         self._idle = threading.Condition()
-        #: requests handed to the pool and not yet answered (never more than ``threads``)
+        #: requests handed to the pool and not yet answered (never more than ``threads``),
+        #: and the slices of blob transfers being hashed, written or read there
         self.in_flight = 0
         #: parked requests dropped because their client hung up
         self.dropped = 0
@@ -426,6 +427,7 @@ class PlaneASGI:
         if not self._take_transfer():
             return _busy_response("blob transfers", self.threads, headers)
         upload: Any = None
+        self._loop = asyncio.get_running_loop()
         try:
             opened = await self._transfer_start(self.uploads, scope, headers)
             if isinstance(opened, dict):
@@ -435,15 +437,15 @@ class PlaneASGI:
             held = 0
             while True:
                 try:
-                    message = await asyncio.wait_for(receive(), TRANSFER_IDLE)
-                except TimeoutError:
+                    message = await self._transfer_wait(receive(), headers)
+                except _Cut as cut:
+                    if cut.stopping:
+                        return _stopping_response(headers)
                     return _error_response(
                         408, "timeout", f"no bytes of the upload for {TRANSFER_IDLE:g} s", headers
                     )
                 if message["type"] != "http.request":
                     return _GONE  # the client went away: the finally drops the upload
-                if self.is_stopping():
-                    return _stopping_response(headers)
                 piece = message.get("body", b"")
                 more = message.get("more_body", False)
                 pieces.append(piece)
@@ -481,6 +483,8 @@ class PlaneASGI:
             return True
         gone: asyncio.Future[Message] | None = None
         fd: int | None = None
+        started = False
+        self._loop = asyncio.get_running_loop()
         try:
             found = await self._transfer_start(self.downloads, scope, headers)
             if found is None:
@@ -502,6 +506,7 @@ class PlaneASGI:
                 ],
             }
             await send(start)
+            started = True
             await receive()  # the (empty) body; from here receive() ends on a hang-up
             gone = asyncio.ensure_future(receive())
             sent = 0
@@ -512,15 +517,22 @@ class PlaneASGI:
                 more = bool(piece) and sent < size  # (a blob file never shrinks)
                 body = {"type": "http.response.body", "body": piece, "more_body": more}
                 try:
-                    await asyncio.wait_for(send(body), TRANSFER_IDLE)
-                except TimeoutError:
-                    return True  # a reader that stopped reading: cut (the response unended)
-                if not more or _disconnected(gone) or self.is_stopping():
+                    await self._transfer_wait(send(body), headers)
+                except _Cut:
+                    return True  # a stop, or a reader that stopped reading: cut short
+                if not more or _disconnected(gone):
                     return True
         except Exception:
             if not self.is_stopping():
                 log.exception("unhandled error sending the blob %s", scope.get("path"))
-            return True  # (the response is cut short: the client sees it unended)
+            if not started:  # (nothing sent yet: an answer in the API's shape)
+                failed = (
+                    _stopping_response(headers)
+                    if self.is_stopping()
+                    else _error_response(500, "error", "internal error", headers)
+                )
+                await _send(send, *failed)
+            return True  # (else the response is cut short: the client sees it unended)
         finally:
             if fd is not None:
                 os.close(fd)
@@ -553,9 +565,31 @@ class PlaneASGI:
         try:
             return await asyncio.shield(running)
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):
-                await running
+            while not running.done():  # (through every further cancel: a shutdown's too)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({running})
             raise
+
+    async def _transfer_wait(self, step: Awaitable[_T], headers: Mapping[str, str]) -> _T:
+        """``step`` (a transfer's receive or send), or :class:`_Cut` when the server
+        stops first or it takes over :data:`TRANSFER_IDLE` seconds."""
+        task = asyncio.ensure_future(step)
+        stop: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
+        self._waiting[stop] = headers  # (a stop settles it: see _cut_waits)
+        try:
+            if self.is_stopping():
+                raise _Cut(stopping=True)
+            both: set[asyncio.Future[Any]] = {task, stop}
+            done, _ = await asyncio.wait(
+                both, timeout=TRANSFER_IDLE, return_when=asyncio.FIRST_COMPLETED
+            )
+            if task in done:
+                return task.result()
+            raise _Cut(stopping=stop in done)
+        finally:
+            del self._waiting[stop]
+            if not task.done():
+                task.cancel()
 
     def _counted(self, work: Callable[[], _T]) -> _T:
         try:
@@ -768,6 +802,15 @@ class PlaneASGI:
 _GONE: Answer = (499, [], b"")
 #: blob uploads (``PUT`` of one of these paths) are streamed: see PlaneASGI._upload
 _BLOBS = "/v1/blobs/"
+
+
+class _Cut(Exception):
+    """A blob transfer cut short: the server stops (``stopping``), or its client went
+    quiet for :data:`TRANSFER_IDLE` seconds."""
+
+    def __init__(self, *, stopping: bool) -> None:
+        super().__init__("stopping" if stopping else "idle")
+        self.stopping = stopping
 
 
 def _upload_step(upload: Any, data: bytes, *, last: bool) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ plain dict: ``{"type", "message", "traceback", "pickled"}``.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import hashlib
 import inspect
 import pickle
@@ -41,6 +41,7 @@ __all__ = [
     "decode_error",
     "decode_payload",
     "decode_result",
+    "clipped",
     "encode_error",
     "encode_exec",
     "encode_manifest",
@@ -347,33 +348,40 @@ def verified(digest_hex: str, data: bytes) -> bytes:
 #: report, and a plane's record of the failure)
 ERROR_MESSAGE = 8 * 1024
 ERROR_TRACEBACK = 16 * 1024
-ERROR_PICKLE = 32 * 1024
+ERROR_PICKLE = 64 * 1024
+#: characters of one line of a traceback, and of one text field of an exception
+#: pickled again with its long fields cut (a command's output, a remote traceback)
+_ERROR_PART = 4 * 1024
 
 
 def encode_error(exc: BaseException) -> dict[str, Any]:
     """Describe an exception for the plane; keep a pickle of it when one can be made.
 
-    A message or traceback over :data:`ERROR_MESSAGE` / :data:`ERROR_TRACEBACK`
-    characters is cut, saying how much went (a traceback keeps its end, where the
-    raise is); a pickle over :data:`ERROR_PICKLE` bytes is made again of the same type
-    with the cut message, or left out (the producer then gets a ``RemoteError``)."""
+    A message over :data:`ERROR_MESSAGE` characters is cut, saying how much went; so is
+    each part of the traceback, then the whole to :data:`ERROR_TRACEBACK` keeping its
+    end (the frames nearest the raise). A pickle over :data:`ERROR_PICKLE` bytes is
+    made again of a copy whose long text fields (arguments, attributes, notes) are cut
+    — the same type, with the start and end of each — else left out (the producer then
+    gets a ``RemoteError``)."""
     cls = type(exc)
-    message = str(exc)
-    cut = _cut(message, ERROR_MESSAGE, keep_end=False)
     pickled = _pickled(exc)
     if pickled is not None and len(pickled) > ERROR_PICKLE:
-        pickled = None
-        if cut != message and exc.args == (message,):  # (a plain message: its type again)
-            with contextlib.suppress(Exception):
-                pickled = _pickled(cls(cut))
+        twin = _trimmed(exc)
+        pickled = None if twin is None else _pickled(twin)
         if pickled is not None and len(pickled) > ERROR_PICKLE:
             pickled = None
+    parts = [_cut(part, _ERROR_PART) for part in traceback.format_exception(exc)]
     return {
         "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": cut,
-        "traceback": _cut("".join(traceback.format_exception(exc)), ERROR_TRACEBACK),
+        "message": clipped(str(exc)),
+        "traceback": _cut("".join(parts), ERROR_TRACEBACK),
         "pickled": pickled,
     }
+
+
+def clipped(message: str) -> str:
+    """An error message cut to :data:`ERROR_MESSAGE` characters (saying how much went)."""
+    return _cut(message, ERROR_MESSAGE, keep_end=False)
 
 
 def _pickled(exc: BaseException) -> bytes | None:
@@ -383,6 +391,29 @@ def _pickled(exc: BaseException) -> bytes | None:
     except Exception:
         return None
     return pickled
+
+
+def _trimmed(exc: BaseException) -> BaseException | None:
+    """A shallow copy of ``exc`` with every long str or bytes among its arguments,
+    attributes and notes cut to their start and end; None if it cannot be copied."""
+    try:
+        twin = copy.copy(exc)
+        twin.args = tuple(_cut_field(a) for a in exc.args)
+        for name, value in vars(exc).items():
+            setattr(twin, name, _cut_field(value))
+    except Exception:
+        return None
+    return twin
+
+
+def _cut_field(value: Any) -> Any:
+    if isinstance(value, str):
+        return _cut(value, _ERROR_PART)
+    if isinstance(value, bytes) and len(value) > _ERROR_PART:
+        return value[: _ERROR_PART // 4] + b"\n... [cut] ...\n" + value[-(3 * _ERROR_PART // 4) :]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):  # (__notes__)
+        return [_cut(v, _ERROR_PART) for v in value]
+    return value
 
 
 def _cut(text: str, most: int, *, keep_end: bool = True) -> str:

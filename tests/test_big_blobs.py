@@ -8,13 +8,13 @@ of running again. An error carrying megabytes of text is cut to fit its report."
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import http.client
 import os
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +24,7 @@ import pytest
 from support import role_token
 
 import dreamlake.lakeshore as dls
+from dreamlake.lakeshore import server as server_module
 from dreamlake.lakeshore.api import Limits, Service
 from dreamlake.lakeshore.api.auth import Identity
 from dreamlake.lakeshore.errors import InvalidRequest, PayloadTooLarge, Unavailable
@@ -32,7 +33,14 @@ from dreamlake.lakeshore.plane.model import Claim
 from dreamlake.lakeshore.progress import MAX_MESSAGE
 from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.stores import SqliteStore
-from dreamlake.lakeshore.wire import ERROR_MESSAGE, ERROR_TRACEBACK, decode_error, encode_error
+from dreamlake.lakeshore.stores.blobfiles import BlobFile
+from dreamlake.lakeshore.wire import (
+    ERROR_MESSAGE,
+    ERROR_PICKLE,
+    ERROR_TRACEBACK,
+    decode_error,
+    encode_error,
+)
 from dreamlake.lakeshore.worker.execute import Outcome
 from dreamlake.lakeshore.worker.report import report_many
 
@@ -297,34 +305,32 @@ def test_a_download_stops_when_its_client_hangs_up(
 def test_the_sweep_drops_parts_whose_writer_died_and_keeps_a_live_writers(
     tmp_path: Path,
 ) -> None:
-    # Given a plane file's blob directory with two parts of blobs being written: one by
-    # a process that has ended (a crash mid-upload), one by this live process
+    # Given a plane file's blob directory with parts of blobs: one left an hour ago by a
+    # writer that died mid-write, one of a writer still writing it (an hour-long upload),
+    # and one left a moment ago
     plane = Plane(SqliteStore(tmp_path / "plane.db"))
     try:
         home = plane.store.blob_home()  # type: ignore[attr-defined]
         assert home is not None
         blobs = Path(home[0])
-        ended = subprocess.run(
-            [sys.executable, "-c", "import os; print(os.getpid())"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
         digest = hashlib.sha256(b"part").hexdigest()
-        stale = blobs / f".{digest}.{int(ended.stdout)}.0a1b2c3d"
-        live = blobs / f".{digest}.{os.getpid()}.0a1b2c3d"
-        fresh = blobs / f".{digest}.{int(ended.stdout)}.4e5f6a7b"
-        for part in (stale, live, fresh):
+        stale = blobs / f".{digest}.12345.0a1b2c3d"
+        fresh = blobs / f".{digest}.12345.4e5f6a7b"
+        for part in (stale, fresh):
             part.write_bytes(b"half a blob")
+        writing = BlobFile(blobs / digest)
+        writing.write(b"half another")
+        live = next(p for p in blobs.iterdir() if p.name not in (".id", stale.name, fresh.name))
         hour_ago = time.time() - 3700
         for part in (stale, live):
             os.utime(part, (hour_ago, hour_ago))
         # When the plane sweeps
         plane.sweep()
-        # Then the dead writer's part untouched for an hour is gone; the live writer's,
-        # one touched lately (a writer this machine may not see) and the id stay
+        # Then only the dead writer's old part is gone
         assert not stale.exists() and live.exists() and fresh.exists()
         assert (blobs / ".id").exists()
+        writing.commit()  # (and the live writer finishes its blob)
+        assert (blobs / digest).read_bytes() == b"half another"
     finally:
         plane.close()
 
@@ -433,21 +439,46 @@ def raise_big(n: int) -> None:
     raise ValueError("x" * n)
 
 
+def _raised(fn: Callable[..., Any], *args: Any) -> BaseException:
+    try:
+        fn(*args)
+    except BaseException as exc:
+        return exc
+    raise AssertionError("it did not raise")
+
+
 def test_an_error_carrying_megabytes_is_cut_to_fit_a_report() -> None:
-    # A plain message: cut, and the pickle made again of its type with the cut message
-    err = encode_error(ValueError("x" * (5 * MIB)))
+    # A plain message: cut, the frames of the raise kept, and its own type again
+    err = encode_error(_raised(raise_big, 5 * MIB))
     assert len(err["message"]) < ERROR_MESSAGE + 100 and "characters cut" in err["message"]
     assert len(err["traceback"]) < ERROR_TRACEBACK + 100
-    assert err["traceback"].rstrip().endswith("x")  # (its end kept: where the raise is)
-    rebuilt = decode_error(err)
-    assert type(rebuilt) is ValueError and str(rebuilt) == err["message"]
-    # Other arguments: no pickle of it (the producer gets a RemoteError naming the type)
+    assert "in raise_big" in err["traceback"]  # (where the raise is, past the message)
+    assert len(err["pickled"]) <= ERROR_PICKLE
+    assert type(decode_error(err)) is ValueError
+    # A failed command with megabytes of output: still a CalledProcessError, its
+    # output's start and end kept
+    failed = subprocess.CalledProcessError(3, "make", b"o" * (3 * MIB), b"e" * (3 * MIB) + b"end")
+    rebuilt = decode_error(encode_error(failed))
+    assert isinstance(rebuilt, subprocess.CalledProcessError) and rebuilt.returncode == 3
+    assert rebuilt.stderr.endswith(b"end") and len(rebuilt.stderr) < 8 * 1024
+    # A remote error raised again by another job (its remote traceback and note are
+    # long): still its own type at the next hop
+    deep = decode_error(encode_error(_raised(_deep, 200)))
+    again = decode_error(encode_error(deep))
+    assert type(again) is ValueError
+    # Arguments that cannot be copied with cut fields: no pickle, a RemoteError
     other = encode_error(_Pair("big", b"y" * (5 * MIB)))
-    assert other["pickled"] is None and len(other["message"]) < ERROR_MESSAGE + 100
-    assert isinstance(decode_error(other), dls.RemoteError)
+    assert other["pickled"] is None or len(other["pickled"]) <= ERROR_PICKLE
+    assert len(other["message"]) < ERROR_MESSAGE + 100
     # A small error is left whole
     small = encode_error(ValueError("boom"))
     assert small["message"] == "boom" and decode_error(small).args == ("boom",)
+
+
+def _deep(n: int) -> None:
+    if n:
+        _deep(n - 1)
+    raise ValueError("deep")
 
 
 def test_a_job_raising_megabytes_of_message_fails_at_once_over_serve(served: LocalServer) -> None:
@@ -474,3 +505,59 @@ def test_a_progress_message_of_megabytes_is_kept_as_far_as_the_plane_keeps_it(
         # cut to what the plane keeps before it travels (a request of megabytes was
         # refused as too large, and the progress lost)
         assert q.dispatch.transport.get(inv).progress_message == "p" * MAX_MESSAGE
+
+
+def _stalled_upload(server: LocalServer, token: str) -> socket.socket:
+    """A PUT that sends its head and a little of its body, then nothing."""
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    digest = hashlib.sha256(b"stalled").hexdigest()
+    sock.sendall(
+        f"PUT /v1/blobs/{digest} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Length: {2 * MIB}\r\n\r\n".encode()
+        + b"x" * 1000
+    )
+    deadline = time.monotonic() + 10
+    while not server.asgi._transfers and time.monotonic() < deadline:  # type: ignore[union-attr]
+        time.sleep(0.01)
+    return sock
+
+
+def test_a_stalled_upload_is_answered_408_then_503_when_the_server_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "TRANSFER_IDLE", 0.3)
+    server = LocalServer(tmp_path / "plane.db")
+    server.start()
+    try:
+        token = role_token(server, "producer")
+        # A client that goes quiet mid-upload: 408 once the idle time has passed
+        with _stalled_upload(server, token) as sock:
+            sock.settimeout(10)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 408")
+        # One still quiet when the server stops: a 503 in the API's shape, at once
+        monkeypatch.setattr(server_module, "TRANSFER_IDLE", 30.0)
+        with _stalled_upload(server, token) as sock:
+            sock.settimeout(10)
+            server.stop()
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503") and b"the server is stopping" in answer
+    finally:
+        server.stop()
+    assert _leftovers(server) == []
+
+
+def test_a_disk_that_fails_a_write_is_a_503_with_the_reason(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(self: BlobFile, data: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(BlobFile, "write", full)
+    data = os.urandom(MIB)
+    token = role_token(served, "producer")
+    status, body = _put(
+        served, hashlib.sha256(data).hexdigest(), data, {"Authorization": f"Bearer {token}"}
+    )
+    assert status == 503 and b"No space left on device" in body
+    assert _leftovers(served) == [] and served.asgi.in_flight == 0  # type: ignore[union-attr]

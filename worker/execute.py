@@ -26,6 +26,7 @@ from ..plane.model import Claim
 from ..progress import Reporter, reporting
 from ..wire import (
     PY_VERSION,
+    clipped,
     decode_payload,
     encode_error,
     encode_manifest,
@@ -106,10 +107,15 @@ class Executor:
             underneath = exc.__cause__ if isinstance(exc, _LoadError) else exc
             if underneath is None:
                 # nothing underneath to re-raise: the producer gets RemoteError
-                error = {"type": _LOAD_ERROR, "message": str(exc), "traceback": "", "pickled": None}
+                error = {
+                    "type": _LOAD_ERROR,
+                    "message": clipped(str(exc)),
+                    "traceback": "",
+                    "pickled": None,
+                }
             else:
                 error = encode_error(underneath)
-                error["message"] = str(exc)
+                error["message"] = clipped(str(exc))
             return Outcome(ok=False, error=error, retryable=False)
         try:
             with reporting(progress):

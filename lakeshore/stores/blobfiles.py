@@ -4,6 +4,7 @@ place, so a reader of ``<dir>/<digest>`` never sees part of one."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import secrets
 import time
@@ -23,6 +24,8 @@ class BlobFile:
         # (a private name per writer: two uploads of one blob never share a file)
         self._part = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
         self._file = open(self._part, "xb")  # noqa: SIM115 (closed by commit or abort)
+        # held while the part is written: a sweep that can take it knows nobody writes
+        fcntl.flock(self._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._file.write(data)
@@ -50,10 +53,9 @@ class BlobFile:
 
 
 def drop_stale_parts(directory: Path, *, idle: float = 3600.0) -> int:
-    """Remove the parts of blobs whose writer died mid-write (a crash, a kill): each is
-    named for its writer's process, and a part of a process that no longer runs here,
-    untouched for ``idle`` seconds, will never be finished (the age guards a writer this
-    machine cannot see: another container sharing the directory). Returns how many went."""
+    """Remove the parts of blobs whose writer died mid-write (a crash, a kill): a writer
+    holds a lock on its part while it writes, so a part whose lock can be taken, and
+    untouched for ``idle`` seconds, will never be finished. Returns how many went."""
     dropped = 0
     try:
         entries = [e for e in os.scandir(directory) if e.name.startswith(".")]
@@ -61,21 +63,16 @@ def drop_stale_parts(directory: Path, *, idle: float = 3600.0) -> int:
         return 0
     old = time.time() - idle
     for entry in entries:
-        fields = entry.name.split(".")  # "", digest, pid, suffix
-        if len(fields) != 4 or not fields[2].isdigit() or _running(int(fields[2])):
+        if len(entry.name.split(".")) != 4:  # ("", digest, writer's pid, suffix)
             continue
         with contextlib.suppress(OSError):
-            if entry.stat().st_mtime < old:
+            if entry.stat().st_mtime >= old:
+                continue
+            fd = os.open(entry.path, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError: written)
                 os.unlink(entry.path)
                 dropped += 1
+            finally:
+                os.close(fd)
     return dropped
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # (someone else's process: alive)
-    return True
