@@ -19,6 +19,7 @@ Names (Prometheus; the EMF name is in brackets)::
     lakeshore_queue_invocations{queue,state}       gauge     (serve only)
     lakeshore_worker_busy_slots{worker}            gauge     [BusySlots]
     lakeshore_worker_heartbeats_total{worker,kind} counter   [Heartbeats]
+    lakeshore_serve_held_requests{kind}            gauge     (serve only)
 
 ``dead`` is read from the plane's counts (the sweep that gives up on an invocation runs
 inside the plane core): each time the service reads a queue's counts, the counter grows
@@ -68,6 +69,10 @@ _HELP = {
     "lakeshore_queue_invocations": ("gauge", "Invocations of a queue by state."),
     "lakeshore_worker_busy_slots": ("gauge", "Jobs a daemon runs, as of its heartbeat."),
     "lakeshore_worker_heartbeats_total": ("counter", "Lease and daemon heartbeats."),
+    "lakeshore_serve_held_requests": (
+        "gauge",
+        "Claims (idle workers) and result waits lakeshore serve holds open.",
+    ),
 }
 
 #: the EMF name and unit of each Prometheus series that has one
@@ -217,6 +222,11 @@ class Registry:
 
     def busy(self, worker: str, slots: int) -> None:
         self.set("lakeshore_worker_busy_slots", (("worker", worker),), slots)
+
+    def held(self, claims: int, waits: int) -> None:
+        """The claims and result waits a server holds open, as of now."""
+        self.set("lakeshore_serve_held_requests", (("kind", "claim"),), claims)
+        self.set("lakeshore_serve_held_requests", (("kind", "wait"),), waits)
 
     # --- output ---------------------------------------------------------------------------
     def drain(self) -> list[Event]:

@@ -306,6 +306,20 @@ class PlaneASGI:
     def is_stopping(self) -> bool:
         return self._stopping
 
+    def held(self) -> tuple[int, int]:
+        """The claims and the result waits parked on the loop now (any thread: a look
+        that races a change is taken again)."""
+        for _ in range(10):
+            try:
+                kinds = [park.kind for park in list(self._parked.values())]
+                break
+            except RuntimeError:  # (changed while read)
+                continue
+        else:
+            return 0, 0
+        claims = sum(kind == "generation" for kind in kinds)
+        return claims, len(kinds) - claims
+
     def _cut_waits(self) -> None:
         for waiter, headers in list(self._waiting.items()):
             if not waiter.done():
@@ -980,6 +994,9 @@ class LocalServer:
             path in _WAITING_PATHS or path.startswith("/v1/blobs") or path.startswith("/v1/data")
         )
 
+    def _held(self) -> tuple[int, int]:
+        return (0, 0) if self.asgi is None else self.asgi.held()
+
     def parks(self, method: str, path: str, size: int) -> bool:
         """Whether a waiting request is parked on the event loop (see :class:`PlaneASGI`):
         claims and waits small enough to look at again on each change."""
@@ -1002,6 +1019,7 @@ class LocalServer:
             if self.admin_token is None and self.new_admin_token:
                 self.admin_token, _ = create_token(self.plane, "admin", name="lakeshore serve")
             app = thread_safe(make_app(service))
+            service.gauges.append(lambda registry: registry.held(*self._held()))
             self.asgi = PlaneASGI(
                 app,
                 max_body=service.limits.max_body,

@@ -71,6 +71,16 @@ def request(
     return answer.status, {k.lower(): v for k, v in answer.getheaders()}, parsed
 
 
+def held_requests(url: str, admin: str) -> str:
+    """The server's Prometheus text (its held claims and waits among it)."""
+    conn = connect(url)
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {admin}"})
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
 def make_token(url: str, admin: str, role: str, queues: list[str] | None = None) -> str:
     conn = connect(url)
     body = {"role": role, "queues": queues or ["*"]}
@@ -292,7 +302,12 @@ def test_sigterm_and_ctrl_c_stop_cleanly_and_a_restart_keeps_tokens(tmp_path: Pa
     pollers = [threading.Thread(target=long_poll, args=call) for call in calls]
     for t in pollers:
         t.start()
-    time.sleep(0.5)
+    # (both held, as the server's gauge of the requests it holds open says)
+    held = [
+        'lakeshore_serve_held_requests{kind="claim"} 1',
+        'lakeshore_serve_held_requests{kind="wait"} 1',
+    ]
+    wait_for(lambda: all(line in held_requests(first.url, first.token) for line in held))
     began = time.monotonic()
     code, out = first.stop(signal.SIGTERM)
     for t in pollers:
@@ -735,3 +750,32 @@ def test_a_parked_request_answers_at_once_when_the_plane_closes(tmp_path: Path) 
 
     assert asyncio.run(run()) < 1 and len(looks) == 2  # looked again once, then answered
     asgi.close(timeout=1)
+
+
+def test_the_requests_serve_holds_open_are_a_gauge(served: Served) -> None:
+    # Given an idle worker's claim held by the server
+    admin = served.token
+    assert admin is not None
+    worker = make_token(served.url, admin, "worker")
+    producer = make_token(served.url, admin, "producer")
+    answered: list[Any] = []
+
+    def claim() -> None:
+        conn = connect(served.url)
+        body = {"queues": ["gauge"], "worker": "w", "wait": 20}
+        answered.append(request(conn, "POST", "/v1/claims", body, token=worker))
+        conn.close()
+
+    thread = threading.Thread(target=claim)
+    thread.start()
+    claiming = 'lakeshore_serve_held_requests{kind="claim"} 1'
+    wait_for(lambda: claiming in held_requests(served.url, admin))
+    assert 'lakeshore_serve_held_requests{kind="wait"} 0' in held_requests(served.url, admin)
+    # When work comes, the claim is answered, and no longer held
+    conn = connect(served.url)
+    sub = {"invocations": [{"queue": "gauge", "ref": "math:sqrt", "args": [4]}]}
+    assert request(conn, "POST", "/v1/invocations", sub, token=producer)[0] == 200
+    conn.close()
+    thread.join(10)
+    assert answered and len(answered[0][2]["claims"]) == 1
+    assert 'lakeshore_serve_held_requests{kind="claim"} 0' in held_requests(served.url, admin)

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -157,6 +158,9 @@ class Service(WorkerRoutes):
         self.server = server
         #: what the service counts (``GET /metrics``; EMF on Lambda)
         self.metrics = metrics or Registry()
+        #: called with :attr:`metrics` before each ``GET /metrics`` answer, for what a
+        #: server around the service counts (``lakeshore serve``: the requests it holds)
+        self.gauges: list[Callable[[Registry], None]] = []
         self.pauses = PauseFlags(plane)
         self.wakes = wake_objects(plane.store)
 
@@ -273,6 +277,8 @@ class Service(WorkerRoutes):
         """The Prometheus exposition of :attr:`metrics`, queue gauges read just now."""
         ident.require()
         self._queue_views(ident)
+        for gauge in self.gauges:
+            gauge(self.metrics)
         return self.metrics.prometheus()
 
     def delete_queue(self, ident: Identity, name: str, force: bool) -> dict[str, Any]:
