@@ -386,6 +386,12 @@ def test_a_plane_keeping_blobs_in_its_database_takes_none_past_a_request() -> No
         assert service.hello(admin)["limits"]["max_blob"] == MIB
         with pytest.raises(PayloadTooLarge, match=f"{MIB} byte blob limit"):
             service.upload_blob(hashlib.sha256(b"x").hexdigest(), 2 * MIB)
+        # A store that serves blobs by signed URLs (S3) takes them up to max_blob that
+        # way, and no more than a request through the API, which says where to go
+        plane.store.blob_url = lambda *args: "https://s3/blob"  # type: ignore[attr-defined]
+        assert service.hello(admin)["limits"]["max_blob"] == 5 * 1024 * MIB
+        with pytest.raises(PayloadTooLarge, match="signed URLs of POST /v1/blobs/missing"):
+            service.upload_blob(hashlib.sha256(b"x").hexdigest(), 2 * MIB)
     finally:
         plane.close()
 

@@ -561,11 +561,13 @@ class Service(WorkerRoutes):
         a plane that writes blob files takes more than a request this way: another one
         keeps the pieces in memory until the end (on AWS, large blobs go to S3 by the
         signed URLs of ``POST /v1/blobs/missing``)."""
-        limit = self.max_blob
-        if blob_home(self.plane.store) is None:
-            limit = min(limit, self.limits.max_body)
+        limit, where = self.max_blob, "blob limit"
+        if blob_home(self.plane.store) is None and limit > self.limits.max_body:
+            limit, where = self.limits.max_body, "limit of a blob put through the API"
+            if callable(getattr(self.plane.store, "blob_url", None)):
+                where += " (larger ones go by the signed URLs of POST /v1/blobs/missing)"
         if size is not None and size > limit:
-            raise PayloadTooLarge(f"blob of {size} bytes is over the {limit} byte blob limit")
+            raise PayloadTooLarge(f"blob of {size} bytes is over the {limit} byte {where}")
         return self.plane.blob_upload(digest, limit=limit)
 
     def get_blob(self, digest: str) -> bytes:
