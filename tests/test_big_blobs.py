@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import role_token
+from support import role_token, wait_for
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore import server as server_module
@@ -203,9 +203,7 @@ def test_a_client_that_hangs_up_mid_upload_leaves_no_part_behind(served: LocalSe
             f"Content-Length: {4 * MIB}\r\n\r\n".encode()
         )
         sock.sendall(os.urandom(2 * MIB))
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (_leftovers(served) or served.asgi.in_flight):
-        time.sleep(0.02)
+    wait_for(lambda: not (_leftovers(served) or served.asgi.in_flight))  # type: ignore[union-attr]
     assert _leftovers(served) == [] and served.asgi.in_flight == 0
     assert not (_blob_dir(served) / digest).exists()
 
@@ -295,9 +293,7 @@ def test_a_download_stops_when_its_client_hangs_up(
         sock.sendall(f"{head}\r\n\r\n".encode())
         assert sock.recv(4096).startswith(b"HTTP/1.1 200")
     # Then the request's thread comes back without the rest read for nobody
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and served.asgi.in_flight:
-        time.sleep(0.02)
+    wait_for(lambda: not served.asgi.in_flight)  # type: ignore[union-attr]
     assert served.asgi.in_flight == 0
     assert sum(read) < len(data) // 2, f"read {sum(read)} of {len(data)} bytes"
 
@@ -413,9 +409,7 @@ def test_stalled_transfers_hold_no_request_thread_and_are_capped(tmp_path: Path)
                 + b"x" * 1000
             )
             stalled.append(sock)
-        deadline = time.monotonic() + 10
-        while server.asgi._transfers < 2 and time.monotonic() < deadline:  # type: ignore[union-attr]
-            time.sleep(0.01)
+        wait_for(lambda: server.asgi._transfers == 2)  # type: ignore[union-attr]
         # Then requests that need a thread are still answered
         with dls.Dispatch(server.url, token=token) as dp:
             assert dp.transport.missing_blobs(["a" * 64]) == {"a" * 64}
@@ -427,9 +421,7 @@ def test_stalled_transfers_hold_no_request_thread_and_are_capped(tmp_path: Path)
         assert status == 503 and b"blob transfers are busy" in body
         for sock in stalled:
             sock.close()
-        deadline = time.monotonic() + 10
-        while server.asgi._transfers and time.monotonic() < deadline:  # type: ignore[union-attr]
-            time.sleep(0.01)
+        wait_for(lambda: not server.asgi._transfers)  # type: ignore[union-attr]
         assert server.asgi._transfers == 0  # type: ignore[union-attr]
         assert _leftovers(server) == []
     finally:
@@ -523,9 +515,7 @@ def _stalled_upload(server: LocalServer, token: str) -> socket.socket:
         f"Content-Length: {2 * MIB}\r\n\r\n".encode()
         + b"x" * 1000
     )
-    deadline = time.monotonic() + 10
-    while not server.asgi._transfers and time.monotonic() < deadline:  # type: ignore[union-attr]
-        time.sleep(0.01)
+    wait_for(lambda: server.asgi._transfers > 0)  # type: ignore[union-attr]
     return sock
 
 
