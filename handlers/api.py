@@ -78,6 +78,11 @@ def upload_path(app: Any) -> Callable[[dict[str, Any]], Upload | dict[str, Any]]
     return found if callable(found) else None
 
 
+def _unstored(exc: OSError) -> Unavailable:
+    """A blob the plane's disk refused (a 503: retry, perhaps elsewhere)."""
+    return Unavailable(f"the plane could not store the blob: {exc.strerror or exc}")
+
+
 class Upload:
     """A blob upload under way: :meth:`write` each piece of the body, then :meth:`end`.
     Each answers None to go on, or the request's answer (a refusal; the upload is then
@@ -88,28 +93,22 @@ class Upload:
         self._media = media
 
     def write(self, data: bytes) -> dict[str, Any] | None:
-        try:
-            self._upload.write(data)
-        except LakeshoreError as exc:
-            return _fast_result(_error_response(exc, self._media))
-        except OSError as exc:  # (the disk is full, say): nothing is kept
-            self._upload.abort()
-            return self._unstored(exc)
-        return None
+        return self._step(lambda: self._upload.write(data))
 
     def end(self) -> dict[str, Any]:
+        return self._step(self._upload.finish) or _fast_result(_answer(204, None, self._media))
+
+    def _step(self, step: Callable[[], None]) -> dict[str, Any] | None:
+        """None once ``step`` has run; else the answer that refuses the upload (a full
+        disk, say, drops what was written)."""
         try:
-            self._upload.finish()
+            step()
         except LakeshoreError as exc:
             return _fast_result(_error_response(exc, self._media))
         except OSError as exc:
             self._upload.abort()
-            return self._unstored(exc)
-        return _fast_result(_answer(204, None, self._media))
-
-    def _unstored(self, exc: OSError) -> dict[str, Any]:
-        reason = Unavailable(f"the plane could not store the blob: {exc.strerror or exc}")
-        return _fast_result(_error_response(reason, self._media))
+            return _fast_result(_error_response(_unstored(exc), self._media))
+        return None
 
     def abort(self) -> None:
         """The client went away: nothing is kept."""
@@ -319,8 +318,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
             except LakeshoreError as exc:
                 return _fast_result(_error_response(exc, kind))
             except OSError as exc:  # (the blob's file could not be made: a full disk)
-                reason = Unavailable(f"the plane could not store the blob: {exc.strerror or exc}")
-                return _fast_result(_error_response(reason, kind))
+                return _fast_result(_error_response(_unstored(exc), kind))
             except Exception as exc:
                 return _fast_result(unexpected(exc))
             finally:
