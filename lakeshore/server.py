@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import logging
 import os
 import socket
@@ -902,6 +903,24 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 # --- the server ----------------------------------------------------------------------------
 
 
+def _protocol() -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol, answering a request it cannot parse (a malformed
+    header, say) in the API's error shape instead of plain text."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class PlaneProtocol(HttpToolsProtocol):
+        def send_400_response(self, msg: str) -> None:
+            body = json.dumps({"error": {"code": "invalid_request", "message": msg}}).encode()
+            head = (
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+            )
+            self.transport.write(head + body)
+            self.transport.close()
+
+    return PlaneProtocol
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -1033,7 +1052,7 @@ class LocalServer:
             )
             config = uvicorn.Config(
                 self.asgi,
-                http="httptools",
+                http=_protocol(),
                 loop="auto",  # uvloop where it exists
                 ws="none",
                 lifespan="off",

@@ -779,3 +779,15 @@ def test_the_requests_serve_holds_open_are_a_gauge(served: Served) -> None:
     thread.join(10)
     assert answered and len(answered[0][2]["claims"]) == 1
     assert 'lakeshore_serve_held_requests{kind="claim"} 0' in held_requests(served.url, admin)
+
+
+def test_a_request_http_cannot_parse_gets_a_400_in_the_apis_shape(served: Served) -> None:
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /v1/queues HTTP/1.1\r\nHost: x\r\ncontent-length: ]3\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
+    assert json.loads(body)["error"]["code"] == "invalid_request"
