@@ -175,6 +175,57 @@ def test_a_group_keeps_its_records_in_one_item_and_their_payloads_beside_it(
     assert item["order_key"] == {"S": ids[3]} and item[K.REV] == {"N": "1"}
 
 
+def test_a_claim_leases_from_the_groups_its_read_found_without_reading_them_again(
+    store: DynamoStore, aws: tuple[K.Resources, Any, Any]
+) -> None:
+    # Given a group of two pending invocations, read as claim candidates
+    base = new_id()
+    a, b = group_ids(base, 2)
+    store.insert_many([record(a, order_key=a), record(b, order_key=b)])
+    assert [r.id for r in store.pending("q", T0, 1)] == [a]
+    # When the first is leased, the group is not read again: one conditional put
+    _, ddb, _ = aws
+    with requests(ddb) as seen:
+        leased = store.update_many_if([(a, {"state": State.PENDING}, {"state": State.RUNNING})])
+    assert [r.id if r else None for r in leased] == [a]
+    assert seen == Counter({"PutItem": 1})
+    # And a later update reads the group as always (what the claim read was used once)
+    with requests(ddb) as seen:
+        assert store.update_if(b, {"state": State.PENDING}, {"state": State.RUNNING})
+    assert seen == Counter({"GetItem": 1, "PutItem": 1})
+
+
+def test_a_claim_read_that_is_out_of_date_never_decides_an_update(store: DynamoStore) -> None:
+    def lease_elsewhere(inv_id: str, token: str) -> None:  # another thread, meanwhile
+        def lease() -> None:
+            change = {"state": State.RUNNING, "lease_token": token}
+            assert store.update_if(inv_id, {"state": State.PENDING}, change)
+
+        thread = threading.Thread(target=lease)
+        thread.start()
+        thread.join()
+
+    # Given an invocation read as a claim candidate (pending), then leased elsewhere
+    a, b = new_id(), new_id()
+    store.insert_many([record(a, order_key="1"), record(b, order_key="2")])
+    assert [r.id for r in store.pending("q", T0, 1)] == [a]
+    lease_elsewhere(a, "x")
+    # When this thread leases it as the read found it: the put is refused (the group
+    # moved on), and the group as it is now says it is taken
+    assert store.update_many_if([(a, {"state": State.PENDING}, {"state": State.RUNNING})]) == [None]
+    current = store.get(a)
+    assert current is not None and current.lease_token == "x"
+    # Given another read as a candidate, then leased elsewhere
+    assert [r.id for r in store.pending("q", T0, 1)] == [b]
+    lease_elsewhere(b, "y")
+    # When the holder's update comes on this thread (the old read would refuse it: it
+    # says pending), it is judged on a fresh read and goes through
+    got = store.update_many_if(
+        [(b, {"state": State.RUNNING, "lease_token": "y"}, {"progress": 0.5})]
+    )
+    assert got[0] is not None and got[0].progress == 0.5 and got[0].lease_token == "y"
+
+
 def test_ids_of_one_group_go_to_one_queue(store: DynamoStore) -> None:
     a, b, c = group_ids(new_id(), 3)
     store.insert(record(a, "q"))
@@ -849,11 +900,11 @@ def test_requests_per_submit_claim_and_complete(
     # and an activity touch
     assert submit == Counter({"GetItem": jobs, "PutItem": 2 * jobs, "UpdateItem": jobs})
     # a claim is the sweep's lease queries, a queue read, one pending Query and the read
-    # of the groups it names, the group's read and conditional put, an activity touch
-    # (the payload item was written by this handle, which keeps it)
+    # of the groups it names, the conditional put of the group as that read found it, an
+    # activity touch (the payload item was written by this handle, which keeps it)
     queries = jobs * (K.LEASE_SHARDS + K.PENDING_SHARDS)
     assert (claim["Query"], claim["PutItem"], claim["UpdateItem"]) == (queries, jobs, jobs)
-    assert claim["GetItem"] + claim["BatchGetItem"] == 3 * jobs
+    assert claim["GetItem"] + claim["BatchGetItem"] == 2 * jobs
     # and a complete is the group's read, the result item and the group's conditional put
     assert complete == Counter({"GetItem": jobs, "PutItem": 2 * jobs})
 

@@ -93,16 +93,19 @@ def moto_clients() -> Iterator[tuple[Any, Any]]:
     import boto3
 
     from dreamlake.lakeshore.awsdirect import LOCAL_CREDENTIALS
-    from dreamlake.lakeshore.devstack import moto_server
+    from dreamlake.lakeshore.devstack import _reset_moto, moto_server
     from dreamlake.lakeshore.stores.dynamo import make_clients
 
     server = moto_server(0)
     server.start()
+    host, port = server.get_host_and_port()
     try:
-        host, port = server.get_host_and_port()
         session = boto3.Session(region_name="us-east-1", **LOCAL_CREDENTIALS)
         yield make_clients("us-east-1", f"http://{host}:{port}", session=session)
     finally:
+        # moto's account is the process's: leave it empty for the next test that
+        # counts what is in it (test_dev's), whatever the order
+        _reset_moto(f"http://{host}:{port}")
         server.stop()
 
 

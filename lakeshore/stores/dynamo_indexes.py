@@ -41,6 +41,7 @@ class DynamoIndexes(DynamoInvocations):
         if limit <= 0:
             return []
         found: list[tuple[str, str, Group]] = []
+        read: list[Group] = []
         entries = heapq.merge(
             *(self._pending_entries(pk, now) for pk in K.pending_pks(queue)),
             key=lambda i: str(i["order_key"]["S"]),
@@ -48,6 +49,7 @@ class DynamoIndexes(DynamoInvocations):
         # a group holds up to GROUP_SIZE candidates: read few groups first, more if needed
         for chunk in _chunks(entries, min(limit, limit // GROUP_SIZE + 2)):
             groups = self._groups(i["id"]["S"][len(GROUP_PREFIX) :] for i in chunk)
+            read += groups.values()
             for g in groups.values():
                 for sid, slot in g.slots.items():
                     v = slot.values
@@ -56,6 +58,7 @@ class DynamoIndexes(DynamoInvocations):
             found.sort(key=lambda f: (f[0], f[1]))
             if len(found) >= limit and chunk[-1]["order_key"]["S"] >= found[limit - 1][0]:
                 break
+        self.keep_for_claim(read)  # (the leases that follow start from these)
         return [self._record(g, sid) for _, sid, g in found[:limit]]
 
     def _pending_entries(self, pk: str, now: float) -> Iterator[Item]:

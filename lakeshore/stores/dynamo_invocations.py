@@ -7,7 +7,9 @@ A moved revision (another writer) answers with the item as it is now, and the up
 are checked again against it, so each update stays atomic and every decision is still
 the plane core's compare-and-set. Payloads and results are written once, before the
 group that points at them (a refused write leaves an unreferenced part, deleted by its
-TTL). A capped claim moves the queue's running counter in the same transaction.
+TTL). A capped claim moves the queue's running counter in the same transaction. A
+claim's leases start from the groups its read of candidates found, not a second read
+(:meth:`DynamoInvocations.keep_for_claim`).
 
 Cost (docs/cost.md): a submit of n jobs of one group writes its payload item and the
 group (+ a pending and a by-queue index entry); a claim of k of them writes the group
@@ -79,6 +81,8 @@ class DynamoInvocations(DynamoExtras):
         self._logged: set[str] = set()
         self._parts: OrderedDict[str, dict[str, bytes]] = OrderedDict()
         self._parts_lock = threading.Lock()
+        #: the groups this thread's last claim read (:meth:`keep_for_claim`)
+        self._claim_read = threading.local()
 
     # --- reads ------------------------------------------------------------------------
     def get(self, inv_id: str) -> Invocation | None:
@@ -111,6 +115,17 @@ class DynamoInvocations(DynamoExtras):
             return {} if g is None else {g.name: g}
         keys = [{"id": {"S": GROUP_PREFIX + n}} for n in names]
         return {g.name: g for g in map(parse_group, self._batch_get(self._invocations, keys))}
+
+    def keep_for_claim(self, groups: Iterable[Group]) -> None:
+        """Keep the groups a claim's read of candidates found (this thread's, until its
+        next write): the claim's leases start from them instead of reading them again.
+        Safe however old they are: every write is conditioned on the revision read, and
+        an update they refuse is judged again on a fresh read (:meth:`update_many_if`)."""
+        self._claim_read.groups = {g.name: g for g in groups}
+
+    def _taken_from_claim(self, names: Iterable[str]) -> dict[str, Group]:
+        kept: dict[str, Group] = self._claim_read.__dict__.pop("groups", {})
+        return {n: kept[n] for n in names if n in kept}
 
     def _record(self, g: Group, sid: str) -> Invocation:
         return record(g, sid, self._fetch_field)
@@ -327,7 +342,9 @@ class DynamoInvocations(DynamoExtras):
             chunks = [(group_of(updates[n][0]), [n]) for n in range(len(updates))]
         else:
             chunks = list(by_group.items())
-        groups: dict[str, Group | None] = dict(self._groups(by_group))
+        kept = self._taken_from_claim(by_group)
+        unread = [name for name in by_group if name not in kept]
+        groups: dict[str, Group | None] = {**(self._groups(unread) if unread else {}), **kept}
         answers: dict[int, Invocation | None] = {}
         for name, idx in chunks:
             if name in groups and groups[name] is None:  # changed by this call: read again
@@ -335,6 +352,15 @@ class DynamoInvocations(DynamoExtras):
             got = self._update_group(
                 groups.get(name), [updates[n] for n in idx], running_below, deadline_after
             )
+            if kept.pop(name, None) is not None and None in got:
+                # refused on the claim's read, which may be old: judged again on a fresh one
+                again = [k for k, answer in enumerate(got) if answer is None]
+                fresh = self._update_group(
+                    self._group(name), [updates[idx[k]] for k in again], running_below,
+                    deadline_after,
+                )  # fmt: skip
+                for k, answer in zip(again, fresh, strict=True):
+                    got[k] = answer
             answers.update(zip(idx, got, strict=True))
             if name in groups:
                 groups[name] = None  # (each capped update is its own write)
