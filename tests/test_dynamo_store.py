@@ -226,6 +226,51 @@ def test_a_claim_read_that_is_out_of_date_never_decides_an_update(store: DynamoS
     assert got[0] is not None and got[0].progress == 0.5 and got[0].lease_token == "y"
 
 
+def test_updates_of_one_id_in_one_call_are_judged_in_order_after_a_claim_read(
+    store: DynamoStore,
+) -> None:
+    # Given a pending invocation read as a claim candidate
+    a = new_id()
+    store.insert(record(a, order_key=a))
+    store.pending("q", T0, 1)
+    # When one call updates it as running, then leases it
+    got = store.update_many_if(
+        [
+            (a, {"state": State.RUNNING}, {"progress": 0.5}),
+            (a, {"state": State.PENDING}, {"state": State.RUNNING}),
+        ]
+    )
+    # Then the first is refused (it was pending then), as on every store
+    assert got[0] is None and got[1] is not None
+    current = store.get(a)
+    assert current is not None and current.progress is None
+
+
+@pytest.mark.parametrize("read_first", [False, True], ids=["fresh", "after-claim-read"])
+def test_a_repeated_completion_refused_keeps_the_stored_result(
+    store: DynamoStore, read_first: bool
+) -> None:
+    # Given a running invocation (and another of its group pending)
+    d, other = group_ids(new_id(), 2)
+    store.insert_many([record(d, order_key=d), record(other, order_key=other)])
+    held = {"state": State.RUNNING, "lease_token": "t"}
+    assert store.update_if(d, {"state": State.PENDING}, held)
+    done = {"state": State.SUCCEEDED, "result": b"r" * BIG, "expires_at": T0 + 99}
+    # When its completion (a result big enough for S3) is sent twice: in one call, then
+    # again on its own (a retry whose first answer was lost)
+    if read_first:
+        store.pending("q", T0, 1)
+    assert [r is not None for r in store.update_many_if([(d, held, done), (d, held, done)])] == [
+        True,
+        False,
+    ]
+    assert store.update_if(d, held, done) is None
+    # Then the result stored by the first stays readable (the refused ones uploaded the
+    # same bytes under the same key: what was uploaded for them is not deleted)
+    current = store.get(d)
+    assert current is not None and current.result == b"r" * BIG
+
+
 def test_ids_of_one_group_go_to_one_queue(store: DynamoStore) -> None:
     a, b, c = group_ids(new_id(), 3)
     store.insert(record(a, "q"))

@@ -58,7 +58,8 @@ class DynamoIndexes(DynamoInvocations):
             found.sort(key=lambda f: (f[0], f[1]))
             if len(found) >= limit and chunk[-1]["order_key"]["S"] >= found[limit - 1][0]:
                 break
-        self.keep_for_claim(read)  # (the leases that follow start from these)
+        # the leases that follow start from these (none follow when none was found)
+        self.keep_for_claim(read if found else ())
         return [self._record(g, sid) for _, sid, g in found[:limit]]
 
     def _pending_entries(self, pk: str, now: float) -> Iterator[Item]:

@@ -120,7 +120,8 @@ class DynamoInvocations(DynamoExtras):
         """Keep the groups a claim's read of candidates found (this thread's, until its
         next write): the claim's leases start from them instead of reading them again.
         Safe however old they are: every write is conditioned on the revision read, and
-        an update they refuse is judged again on a fresh read (:meth:`update_many_if`)."""
+        updates they refuse all are judged again on the group as it is now
+        (:meth:`_update_group`)."""
         self._claim_read.groups = {g.name: g for g in groups}
 
     def _taken_from_claim(self, names: Iterable[str]) -> dict[str, Group]:
@@ -350,17 +351,12 @@ class DynamoInvocations(DynamoExtras):
             if name in groups and groups[name] is None:  # changed by this call: read again
                 groups[name] = self._group(name)
             got = self._update_group(
-                groups.get(name), [updates[n] for n in idx], running_below, deadline_after
+                groups.get(name),
+                [updates[n] for n in idx],
+                running_below,
+                deadline_after,
+                kept=kept.pop(name, None) is not None,
             )
-            if kept.pop(name, None) is not None and None in got:
-                # refused on the claim's read, which may be old: judged again on a fresh one
-                again = [k for k, answer in enumerate(got) if answer is None]
-                fresh = self._update_group(
-                    self._group(name), [updates[idx[k]] for k in again], running_below,
-                    deadline_after,
-                )  # fmt: skip
-                for k, answer in zip(again, fresh, strict=True):
-                    got[k] = answer
             answers.update(zip(idx, got, strict=True))
             if name in groups:
                 groups[name] = None  # (each capped update is its own write)
@@ -372,7 +368,11 @@ class DynamoInvocations(DynamoExtras):
         updates: list[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
         running_below: int | None,
         deadline_after: float | None,
+        *,
+        kept: bool = False,
     ) -> list[Invocation | None]:
+        """Apply the updates of one group (``g`` as read; ``kept``: by the claim's read of
+        candidates, which may be old) and put it back conditioned on its revision."""
         if g is None:
             return [None] * len(updates)
         if running_below is not None and running_below <= 0:
@@ -396,7 +396,15 @@ class DynamoInvocations(DynamoExtras):
                     slot.counted, delta = False, delta - 1
                 out.append(inv_id)
             if not any(out):
-                self._delete_objects(bulky.objects())
+                if kept:  # refused on a read that may be old: judged again on the group now
+                    kept, now = False, self._group(g.name)
+                    if now is not None:
+                        g = now
+                        continue
+                # Nothing took what was uploaded for them, but an object the group holds
+                # stays (a key is the bytes' digest: a repeated result is the stored one)
+                held = {k for slot in g.slots.values() for k in slot.objects()}
+                self._delete_objects([k for k in bulky.objects() if k not in held])
                 return [None] * len(updates)
             self._extend_payloads(g, [sid for sid in out if sid is not None])
             try:
