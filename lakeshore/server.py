@@ -237,10 +237,19 @@ class PlaneASGI:
         fast: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
         uploads: Callable[[dict[str, Any]], Any] | None = None,
         downloads: Callable[[dict[str, Any]], str | dict[str, Any] | None] | None = None,
+        sweep: Callable[[], object] | None = None,
+        sweep_every: float = 1.0,
     ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
         self.resolver = resolver
+        #: the plane's sweep (expired leases handed on, timeouts, purge), run in a
+        #: request thread every ``sweep_every`` seconds while claims are parked: a
+        #: parked claim is looked at again only when its work comes due, so it is not
+        #: what sweeps (see :meth:`_sweeping`)
+        self.sweep = sweep
+        self.sweep_every = sweep_every
+        self._sweeper: asyncio.Future[None] | None = None
         #: answers what it can before the resolver does (None: ask the resolver); see
         #: handlers.api.fast_path
         self.fast = fast
@@ -689,6 +698,8 @@ class PlaneASGI:
                 # thread from here on finds the waiter (see _on_change).
                 self._waiting[waiter] = headers
                 self._parked[waiter] = park
+                if park.kind == "generation":
+                    self._ensure_sweeper()
                 held = False
                 timer = None
                 try:
@@ -712,6 +723,26 @@ class PlaneASGI:
             _let_go(park)
             if gone is not None and not gone.done():
                 gone.cancel()
+
+    def _ensure_sweeper(self) -> None:
+        if self.sweep is not None and (self._sweeper is None or self._sweeper.done()):
+            self._sweeper = asyncio.ensure_future(self._sweeping())
+
+    async def _sweeping(self) -> None:
+        """Sweep every ``sweep_every`` seconds while any claim is parked (one task, in a
+        request thread: a purge may take a while), so a lease that runs out while every
+        worker waits is handed on as soon as if they were looking; the sweep's change
+        wakes them."""
+        sweep = self.sweep
+        assert sweep is not None
+        while not self._stopping and any(p.kind == "generation" for p in self._parked.values()):
+            await asyncio.sleep(self.sweep_every)
+            try:
+                await self._in_pool(sweep)
+            except RuntimeError:
+                return  # the pool is shut down: the server is stopping
+            except Exception:
+                log.exception("lakeshore serve: the plane's sweep failed; trying again")
 
     @staticmethod
     def _settled(park: Park) -> Answer | None:
@@ -1049,6 +1080,8 @@ class LocalServer:
                 fast=fast_path(app),
                 uploads=upload_path(app),
                 downloads=download_path(app),
+                sweep=self.plane.maybe_sweep,
+                sweep_every=self.plane.sweep_interval,
             )
             config = uvicorn.Config(
                 self.asgi,

@@ -46,6 +46,8 @@ class PauseFlags:
         )
         with self._lock:
             self._cache[queue] = (self._clock() + self._ttl, paused)
+        if not paused:  # claims waiting on other queues may take this one's work now
+            self._plane.changes.notify(queues=[queue])
 
     def paused(self, queues: Iterable[str]) -> set[str]:
         """The queues among ``queues`` that are paused."""

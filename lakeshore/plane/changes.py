@@ -161,6 +161,7 @@ class Changes:
         finishes: bool = False,
         until: float | None = None,
         queues: Iterable[str] = (),
+        parked: float | None = None,
     ) -> bool:
         """Block until something changed after generation ``since``, or ``timeout``.
 
@@ -168,10 +169,12 @@ class Changes:
         ``finishes`` (claims on capped queues, which a finish may unblock): a claim wait
         on work to arrive is not woken by every job that ends. ``until`` is when the
         caller's whole wait ends (its loop's deadline). False when the calling thread is
-        parking: nothing was waited for, and the caller answers now.
+        parking: nothing was waited for, and the caller answers now; ``parked`` is then
+        the park's timeout instead of ``timeout``.
         """
         if self._parking.on:
-            return self._park("generation", since, timeout, until, finishes, frozenset(queues))
+            nap = timeout if parked is None else parked
+            return self._park("generation", since, nap, until, finishes, frozenset(queues))
         with self._cond:
             if self._generation != since:
                 return True

@@ -17,12 +17,14 @@ from .base import PlaneBase, Update
 from .kinds import BOLTZMANN_CANDIDATES, boltzmann_order, running_cap, temperature
 from .model import Claim, HeartbeatAnswer, Invocation, LogEntry, QueueSpec, State
 
-__all__ = ["WorkerOps"]
+__all__ = ["LOOK_AGAIN", "WorkerOps"]
 
 #: log chunk numbers per attempt (an entry's seq is attempt * span + n)
 _LOG_SEQ_SPAN = 1_000_000_000
 #: how many expired leases one sweep pass handles
 _SWEEP_BATCH = 500
+#: seconds a blocking claim wait goes without looking again (and sweeping)
+LOOK_AGAIN = 0.25
 
 
 class WorkerOps(PlaneBase):
@@ -59,20 +61,27 @@ class WorkerOps(PlaneBase):
             remaining = deadline - time.monotonic()
             if claims or remaining <= 0 or (should_stop is not None and should_stop()):
                 return claims
-            # A capped queue may have work held back by its cap: a finish frees a slot.
+            # Looked at again when scheduled work comes due; a blocking wait also every
+            # LOOK_AGAIN seconds (its claims are what sweep expired leases), a parked
+            # one not: its holder sweeps while claims are parked (PlaneASGI), so an
+            # idle worker costs the plane nothing until work arrives. A capped queue may
+            # have work held back by its cap: a finish frees a slot.
+            due = min(remaining, self._next_due_in(queues))
             if not self._changes.wait(
                 generation,
-                min(remaining, self._next_due_in(queues)),
+                min(due, LOOK_AGAIN),
                 finishes=any(capped),
                 until=deadline,
                 queues=queues,
+                parked=due,
             ):
                 return claims  # parked: the event loop holding the request asks again
 
     def _next_due_in(self, queues: Sequence[str]) -> float:
-        """Seconds until the earliest scheduled invocation of ``queues`` comes due."""
+        """Seconds until the earliest scheduled invocation of ``queues`` comes due
+        (infinite when none is scheduled)."""
         now = self.clock.now()
-        soonest = 0.25
+        soonest = math.inf
         for name in queues:
             t = self.store.next_available_at(name)
             if t is not None and t > now:

@@ -1,0 +1,97 @@
+"""Idle: what idle workers cost ``lakeshore serve``.
+
+    .venv/bin/python benchmarks/idle.py [--claims 0,50,200] [--seconds 10]
+
+Starts ``lakeshore serve`` (a process of its own, a plane file), then for each count
+holds that many idle workers' claims on it (long polls of up to 20 s on an empty queue,
+made again as each ends, from threads of this process), and prints the server's CPU
+(user + system) over ``--seconds`` as a share of one core, with the number of claims the
+server reports holding (``lakeshore_serve_held_requests``). Run by hand; the machine is
+shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.plane import QueueSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare import lakeshore_cli, make_token, read_banner, spawn
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def held_claims(url: str, admin: str) -> int:
+    req = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {admin}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        text = resp.read().decode()
+    found = re.search(r'lakeshore_serve_held_requests\{kind="claim"\} (\d+)', text)
+    return int(found.group(1)) if found else 0
+
+
+def claimer(url: str, token: str, stop: threading.Event) -> None:
+    """An idle worker: claims on the empty queue, waiting up to 20 s each, until stopped."""
+    with dls.Dispatch(url, token=token) as dp:
+        while not stop.is_set():
+            dp.transport.claim(["idle"], "idle-bench", limit=1, wait=20.0)  # type: ignore[attr-defined]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--claims", default="0,50,200")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        server = spawn(
+            [*lakeshore_cli(), "serve", "--port", "0", "--plane", str(Path(tmp) / "plane.db")],
+            Path(tmp) / "serve.log",
+        )
+        try:
+            banner = read_banner(server, r"serving at (http://\S+).*?admin token: (lks_\S+)")
+            url, admin = banner.group(1), banner.group(2)
+            worker = make_token(url, admin, "worker")
+            with dls.Dispatch(url, token=admin) as dp:
+                dp.transport.ensure_queue(QueueSpec("idle"))
+            for n in (int(c) for c in args.claims.split(",")):
+                stop = threading.Event()
+                threads = [
+                    threading.Thread(target=claimer, args=(url, worker, stop), daemon=True)
+                    for _ in range(n)
+                ]
+                for t in threads:
+                    t.start()
+                deadline = time.monotonic() + 30
+                while held_claims(url, admin) < n and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(1.0)
+                c0, t0 = cpu_seconds(server.pid), time.monotonic()
+                time.sleep(args.seconds)
+                share = (cpu_seconds(server.pid) - c0) / (time.monotonic() - t0)
+                print(
+                    f"{n:>5} idle claims (held: {held_claims(url, admin)}): "
+                    f"server {100 * share:.1f}% of a core"
+                )
+                stop.set()  # (each thread ends with its claim's answer: up to 20 s)
+                for t in threads:
+                    t.join()
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

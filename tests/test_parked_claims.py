@@ -1,0 +1,151 @@
+"""An idle worker's claim parked on ``lakeshore serve`` costs the server nothing until
+work arrives: it is looked at again when work is submitted, when scheduled work comes
+due, when a paused queue it names is resumed, and when the sweep (which the server runs
+while claims are parked) hands on a lease that ran out — not on a timer of its own."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support import role_token, wait_for
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.plane.model import Claim
+from dreamlake.lakeshore.server import LocalServer, PlaneASGI
+
+
+@pytest.fixture
+def parts(served: LocalServer) -> tuple[Plane, PlaneASGI]:
+    assert served.plane is not None and served.asgi is not None
+    return served.plane, served.asgi
+
+
+@pytest.fixture
+def claiming(served: LocalServer) -> Iterator[Callable[[list[str], float], list[list[Claim]]]]:
+    """Starts a worker's claim (over HTTP, in a thread) on queues, waiting up to a time;
+    its answer lands in the list returned."""
+    token = role_token(served, "worker")
+    threads: list[threading.Thread] = []
+
+    def start(queues: list[str], wait: float) -> list[list[Claim]]:
+        got: list[list[Claim]] = []
+
+        def claim() -> None:
+            with dls.Dispatch(served.url, token=token) as dp:
+                got.append(dp.transport.claim(queues, "w", limit=1, wait=wait))
+
+        threads.append(threading.Thread(target=claim))
+        threads[-1].start()
+        return got
+
+    yield start
+    for t in threads:
+        t.join(30)
+
+
+def _counting_claims(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The times the plane is asked for a claim, from now on."""
+    asked: list[float] = []
+    claim = plane.claim
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        asked.append(time.monotonic())
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(plane, "claim", counted)
+    return asked
+
+
+def _submit(served: LocalServer, queue: str, **options: Any) -> str:
+    assert served.admin_token is not None
+    with dls.Dispatch(served.url, token=served.admin_token) as producer:
+        return dls.SyncQueue(queue, dispatch=producer).submit(pow, 2, 8, **options)
+
+
+def test_idle_parked_claims_are_not_looked_at_again_until_work_arrives(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given three idle workers' claims parked on the server
+    plane, asgi = parts
+    _submit(served, "idle")  # (the queue exists: its one call is taken first)
+    assert plane.claim(["idle"], "other")
+    answers = [claiming(["idle"], 20.0) for _ in range(3)]
+    wait_for(lambda: asgi.held()[0] == 3, 10, "the claims never parked")
+    asked = _counting_claims(plane, monkeypatch)
+    # When nothing happens for over a second (a parked claim was looked at again every
+    # 0.25 s before: twelve looks here)
+    time.sleep(1.2)
+    # Then none was looked at again
+    assert asked == []
+    # When a call is submitted, one of them takes it at once
+    inv = _submit(served, "idle")
+    wait_for(lambda: any(answers), 10, "no parked claim took the new call")
+    assert [c.id for got in answers for c in (got[0] if got else [])] == [inv]
+    assert asgi.held()[0] == 2
+
+
+def test_a_lease_that_runs_out_while_every_claim_is_parked_is_handed_on(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+) -> None:
+    # Given a call whose worker was lost (its 1 s lease is never renewed)
+    plane, _ = parts
+    inv = _submit(served, "lost")
+    (lost,) = plane.claim(["lost"], "gone", lease_seconds=1.0)
+    assert lost.id == inv
+    # When the only other worker's claim is parked, waiting up to 20 s
+    started = time.monotonic()
+    got = claiming(["lost"], 20.0)
+    # Then it gets the call again soon after the lease ran out (the server sweeps while
+    # claims are parked), its second attempt
+    wait_for(lambda: bool(got), 10, "the expired lease was not handed on")
+    assert time.monotonic() - started < 5.0
+    (again,) = got[0]
+    assert (again.id, again.attempt) == (inv, 2)
+
+
+def test_a_parked_claim_takes_a_delayed_call_when_it_comes_due(
+    served: LocalServer, claiming: Callable[[list[str], float], list[list[Claim]]]
+) -> None:
+    # Given a parked claim and a call submitted with a 1 s delay
+    got = claiming(["later"], 20.0)
+    assert served.asgi is not None
+    wait_for(lambda: served.asgi is not None and served.asgi.held()[0] == 1, 10)
+    submitted = time.monotonic()
+    inv = _submit(served, "later", _delay=1.0)
+    # Then the claim takes it once due, not at the end of its wait
+    wait_for(lambda: bool(got), 10, "the delayed call was not claimed when due")
+    took = time.monotonic() - submitted
+    assert 0.9 <= took < 5.0
+    assert [c.id for c in got[0]] == [inv]
+
+
+def test_a_parked_claim_takes_the_work_of_a_queue_resumed_meanwhile(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+) -> None:
+    # Given a paused queue holding a call, and a claim parked on it and an open queue
+    plane, asgi = parts
+    assert served.admin_token is not None
+    with dls.Dispatch(served.url, token=served.admin_token) as admin:
+        inv = _submit(served, "held")
+        admin.transport.update_queue("held", paused=True)  # type: ignore[attr-defined]
+        _submit(served, "open")
+        assert plane.claim(["open"], "other")
+        got = claiming(["open", "held"], 20.0)
+        wait_for(lambda: asgi.held()[0] == 1, 10, "the claim never parked")
+        # When the queue is resumed
+        admin.transport.update_queue("held", paused=False)  # type: ignore[attr-defined]
+    # Then the parked claim takes its call at once
+    wait_for(lambda: bool(got), 5, "the resumed queue's call was not claimed")
+    assert [c.id for c in got[0]] == [inv]
