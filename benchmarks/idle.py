@@ -1,18 +1,20 @@
 """Idle: what idle workers cost ``lakeshore serve``.
 
-    .venv/bin/python benchmarks/idle.py [--claims 0,50,200] [--seconds 10]
+    .venv/bin/python benchmarks/idle.py [--claims 0,50,200] [--waits 0,200] [--seconds 10]
 
 Starts ``lakeshore serve`` (a process of its own, a plane file), then for each count
 holds that many idle workers' claims on it (long polls of up to 20 s on an empty queue,
-made again as each ends, from threads of this process), and prints the server's CPU
-(user + system) over ``--seconds`` as a share of one core, with the number of claims the
-server reports holding (``lakeshore_serve_held_requests``). Run by hand; the machine is
-shared and noisy.
+made again as each ends, from threads of this process), then that many producers'
+result waits on a call no worker runs, and prints the server's CPU (user + system) over
+``--seconds`` as a share of one core, with the number of requests the server reports
+holding (``lakeshore_serve_held_requests``). Run by hand; the machine is shared and
+noisy.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -20,6 +22,8 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import dreamlake.lakeshore as dls
@@ -36,11 +40,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
-def held_claims(url: str, admin: str) -> int:
+def held(url: str, admin: str, kind: str) -> int:
     req = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {admin}"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         text = resp.read().decode()
-    found = re.search(r'lakeshore_serve_held_requests\{kind="claim"\} (\d+)', text)
+    found = re.search(rf'lakeshore_serve_held_requests\{{kind="{kind}"\}} (\d+)', text)
     return int(found.group(1)) if found else 0
 
 
@@ -51,9 +55,49 @@ def claimer(url: str, token: str, stop: threading.Event) -> None:
             dp.transport.claim(["idle"], "idle-bench", limit=1, wait=20.0)  # type: ignore[attr-defined]
 
 
+def waiter(url: str, token: str, inv: str, stop: threading.Event) -> None:
+    """A producer waiting (up to 20 s a request) for a call no worker runs, until stopped."""
+    with dls.Dispatch(url, token=token) as dp:
+        q = dls.SyncQueue("unserved", dispatch=dp)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                q.result(inv, timeout=20.0)
+
+
+def measure(
+    pid: int,
+    url: str,
+    admin: str,
+    kind: str,
+    n: int,
+    seconds: float,
+    run: Callable[[threading.Event], None],
+) -> float:
+    """The server's CPU (share of a core) over ``seconds`` while ``n`` threads run
+    ``run(stop)``, each holding a request of ``kind``."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=run, args=(stop,), daemon=True) for _ in range(n)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while held(url, admin, kind) < n and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    share = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+    name = "idle claims" if kind == "claim" else "result waits"
+    print(f"{n:>5} {name} (held: {held(url, admin, kind)}): server {100 * share:.1f}% of a core")
+    stop.set()  # (each thread ends with its request's answer: up to 20 s)
+    for t in threads:
+        t.join()
+    return share
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", default="0,50,200")
+    parser.add_argument("--waits", default="0,200")
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,29 +110,13 @@ def main() -> None:
             url, admin = banner.group(1), banner.group(2)
             worker = make_token(url, admin, "worker")
             with dls.Dispatch(url, token=admin) as dp:
-                dp.transport.ensure_queue(QueueSpec("idle"))
-            for n in (int(c) for c in args.claims.split(",")):
-                stop = threading.Event()
-                threads = [
-                    threading.Thread(target=claimer, args=(url, worker, stop), daemon=True)
-                    for _ in range(n)
-                ]
-                for t in threads:
-                    t.start()
-                deadline = time.monotonic() + 30
-                while held_claims(url, admin) < n and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                time.sleep(1.0)
-                c0, t0 = cpu_seconds(server.pid), time.monotonic()
-                time.sleep(args.seconds)
-                share = (cpu_seconds(server.pid) - c0) / (time.monotonic() - t0)
-                print(
-                    f"{n:>5} idle claims (held: {held_claims(url, admin)}): "
-                    f"server {100 * share:.1f}% of a core"
-                )
-                stop.set()  # (each thread ends with its claim's answer: up to 20 s)
-                for t in threads:
-                    t.join()
+                dp.transport.ensure_queue(QueueSpec("idle"))  # type: ignore[attr-defined]
+                inv = dls.SyncQueue("unserved", dispatch=dp).submit(abs, -1)
+            look = partial(measure, server.pid, url, admin)
+            for n in (int(c) for c in args.claims.split(",") if c):
+                look("claim", n, args.seconds, partial(claimer, url, worker))
+            for n in (int(c) for c in args.waits.split(",") if c):
+                look("wait", n, args.seconds, partial(waiter, url, admin, inv))
         finally:
             server.stop()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from dreamlake.lakeshore import wire
 from dreamlake.lakeshore.handlers import apigw
 from dreamlake.lakeshore.plane import Plane
 from dreamlake.lakeshore.server import LocalServer, PlaneASGI
+from dreamlake.lakeshore.stores import SqliteStore
 
 
 @pytest.fixture
@@ -188,3 +190,69 @@ def test_a_parked_result_wait_on_work_that_never_finishes_keeps_no_watch(
     # Then it is answered, and no watch is left
     assert answers == [200 if end == "time is up" else 503]
     assert not plane.changes._watches
+
+
+def _counting_waits(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The times the plane is asked for a result wait, from now on."""
+    asked: list[float] = []
+    wait = plane.wait
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        asked.append(time.monotonic())
+        return wait(*args, **kwargs)
+
+    monkeypatch.setattr(plane, "wait", counted)
+    return asked
+
+
+def test_an_idle_parked_result_wait_is_not_looked_at_again_until_its_call_finishes(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given producers waiting (parked) for a call no worker has taken
+    plane, asgi = _plane(served)
+    with dls.Dispatch(served.url, token=served.admin_token) as producer:
+        q = dls.SyncQueue("settled", dispatch=producer)
+        inv = q.submit(pow, 2, 10)
+        got: list[Any] = []
+        waiting = [
+            threading.Thread(target=lambda: got.append(q.result(inv, timeout=30))) for _ in range(3)
+        ]
+        for t in waiting:
+            t.start()
+        wait_for(lambda: asgi.held()[1] == 3, 10, "the waits never parked")
+        asked = _counting_waits(plane, monkeypatch)
+        # When nothing finishes for over a second (each looked again every 0.25 s before)
+        time.sleep(1.2)
+        # Then none was looked at again
+        assert asked == []
+        # When the call finishes, every wait answers with its result
+        _complete(plane, inv, 1024)
+        for t in waiting:
+            t.join(10)
+    assert got == [1024, 1024, 1024]
+
+
+def test_a_parked_result_wait_hears_of_a_finish_written_by_another_process(
+    served: LocalServer,
+) -> None:
+    # Given a producer waiting (parked) for a call on a served plane file
+    _, asgi = _plane(served)
+    with dls.Dispatch(served.url, token=served.admin_token) as producer:
+        q = dls.SyncQueue("settled", dispatch=producer)
+        inv = q.submit(pow, 2, 10)
+        got: list[Any] = []
+        waiting = threading.Thread(target=lambda: got.append(q.result(inv, timeout=30)))
+        waiting.start()
+        wait_for(lambda: asgi.held()[1] == 1, 10, "the wait never parked")
+        # When another plane on the same file (as another process would) completes it
+        began = time.monotonic()
+        other = Plane(SqliteStore(served.plane_path))
+        try:
+            (claim,) = other.claim(["settled"], "elsewhere")
+            other.complete(claim.id, claim.lease_token, wire.encode_result(1024)[0])
+        finally:
+            other.close()
+        waiting.join(10)
+    # Then the wait answers with the result at once (the server's poller saw the write)
+    assert got == [1024]
+    assert time.monotonic() - began < 5

@@ -99,6 +99,11 @@ class _Parking(threading.local):
     park: Park | None = None
 
 
+#: seconds a wait blocking in a thread goes without looking again (a parked one has no
+#: such nap: it is looked at again on a change, or when its work comes due)
+LOOK_AGAIN = 0.25
+
+
 class Changes:
     def __init__(self, store: Store) -> None:
         self._store = store
@@ -190,12 +195,20 @@ class Changes:
     def finishes(self) -> int:
         return self._finishes
 
-    def wait_finish(self, since: int, timeout: float, *, until: float | None = None) -> bool:
+    def wait_finish(
+        self,
+        since: int,
+        timeout: float,
+        *,
+        until: float | None = None,
+        parked: float | None = None,
+    ) -> bool:
         """Block until some record finished after count ``since`` (any record: the
         caller looks for its own), or ``timeout``, or the plane closes. False when the
-        calling thread is parking (nothing was waited for)."""
+        calling thread is parking (nothing was waited for); ``parked`` is then the
+        park's timeout instead of ``timeout``."""
         if self._parking.on:
-            return self._park("finishes", since, timeout, until)
+            return self._park("finishes", since, timeout if parked is None else parked, until)
         with self._cond:
             if self._finishes != since:
                 return True

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import IdempotencyConflict, InvalidRequest, UnknownInvocation
 from .base import PlaneBase
+from .changes import LOOK_AGAIN
 from .model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
 from .ordering import order_key
 
@@ -103,7 +104,11 @@ class ProducerOps(PlaneBase):
             if done or left <= 0 or self._changes.closed:
                 return done
             since = max(since, mark)
-            if not self._changes.wait_finish(count, min(left, 0.25), until=deadline):
+            # (parked, it is looked at again on a finish only: a cross-process one too,
+            # which the poller counts)
+            if not self._changes.wait_finish(
+                count, min(left, LOOK_AGAIN), until=deadline, parked=left
+            ):
                 return done  # parked: the event loop holding the request asks again
 
     def wait_cursor(self) -> float:
@@ -180,13 +185,17 @@ class ProducerOps(PlaneBase):
                 if left <= 0:
                     break
                 if self._changes.parks:  # held by an event loop: it asks again on a finish
-                    if not self._changes.wait_finish(count, min(left, 0.25), until=deadline):
+                    # of these ids (the watch brings it, the poller's for another
+                    # process's write too), not on a timer
+                    if not self._changes.wait_finish(
+                        count, min(left, LOOK_AGAIN), until=deadline, parked=left
+                    ):
                         # parked: the watch stays, so the records a finish brings are
                         # the answer without a second look (the holder releases it)
                         self._changes.keep(done, unwatch)
                         kept = True
                     break
-                event.wait(min(left, 0.25))
+                event.wait(min(left, LOOK_AGAIN))
         finally:
             if not kept:
                 unwatch()

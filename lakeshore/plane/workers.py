@@ -14,17 +14,16 @@ from typing import Any
 from ..errors import InvalidRequest, LeaseLost, UnknownInvocation
 from ..progress import MAX_MESSAGE
 from .base import PlaneBase, Update
+from .changes import LOOK_AGAIN
 from .kinds import BOLTZMANN_CANDIDATES, boltzmann_order, running_cap, temperature
 from .model import Claim, HeartbeatAnswer, Invocation, LogEntry, QueueSpec, State
 
-__all__ = ["LOOK_AGAIN", "WorkerOps"]
+__all__ = ["WorkerOps"]
 
 #: log chunk numbers per attempt (an entry's seq is attempt * span + n)
 _LOG_SEQ_SPAN = 1_000_000_000
 #: how many expired leases one sweep pass handles
 _SWEEP_BATCH = 500
-#: seconds a blocking claim wait goes without looking again (and sweeping)
-LOOK_AGAIN = 0.25
 
 
 class WorkerOps(PlaneBase):
