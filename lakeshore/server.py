@@ -248,7 +248,7 @@ class PlaneASGI:
         #: parked claim is looked at again only when its work comes due, so it is not
         #: what sweeps (see :meth:`_sweeping`)
         self.sweep = sweep
-        self.sweep_every = sweep_every
+        self.sweep_every = max(sweep_every, 0.05)
         self._sweeper: asyncio.Future[None] | None = None
         #: answers what it can before the resolver does (None: ask the resolver); see
         #: handlers.api.fast_path
@@ -737,11 +737,13 @@ class PlaneASGI:
         assert sweep is not None
         while not self._stopping and any(p.kind == "generation" for p in self._parked.values()):
             await asyncio.sleep(self.sweep_every)
+            if self.in_flight >= self.threads:
+                continue  # every request thread is busy: sweep at the next turn
             try:
                 await self._in_pool(sweep)
-            except RuntimeError:
-                return  # the pool is shut down: the server is stopping
             except Exception:
+                if self.is_stopping():
+                    return  # (the pool is shut down)
                 log.exception("lakeshore serve: the plane's sweep failed; trying again")
 
     @staticmethod

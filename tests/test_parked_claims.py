@@ -5,6 +5,7 @@ while claims are parked) hands on a lease that ran out — not on a timer of its
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,9 +15,12 @@ import pytest
 from support import role_token, wait_for
 
 import dreamlake.lakeshore as dls
-from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
 from dreamlake.lakeshore.plane.model import Claim
 from dreamlake.lakeshore.server import LocalServer, PlaneASGI
+from dreamlake.lakeshore.stores import SqliteStore
+from dreamlake.lakeshore.submit import new_id
+from dreamlake.lakeshore.wire import encode_ref_call
 
 
 @pytest.fixture
@@ -79,6 +83,7 @@ def test_idle_parked_claims_are_not_looked_at_again_until_work_arrives(
     assert plane.claim(["idle"], "other")
     answers = [claiming(["idle"], 20.0) for _ in range(3)]
     wait_for(lambda: asgi.held()[0] == 3, 10, "the claims never parked")
+    time.sleep(0.3)  # (the server's poller takes its first look as a change: once)
     asked = _counting_claims(plane, monkeypatch)
     # When nothing happens for over a second (a parked claim was looked at again every
     # 0.25 s before: twelve looks here)
@@ -149,3 +154,72 @@ def test_a_parked_claim_takes_the_work_of_a_queue_resumed_meanwhile(
     # Then the parked claim takes its call at once
     wait_for(lambda: bool(got), 5, "the resumed queue's call was not claimed")
     assert [c.id for c in got[0]] == [inv]
+
+
+def _in_the_parking_window(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, act: Callable[[], None]
+) -> None:
+    """Run ``act`` (once) after a claim's look and before its park is held: the window in
+    which a change can slip past a park."""
+    changes = plane.changes
+    hold = changes.hold
+    done: list[bool] = []
+
+    def late_hold(park: Any) -> None:
+        if not done:
+            done.append(True)
+            acting = threading.Thread(target=act)  # (another request's thread)
+            acting.start()
+            acting.join()
+        hold(park)
+
+    monkeypatch.setattr(changes, "hold", late_hold)
+
+
+def test_a_slot_freed_as_a_capped_claim_parks_is_not_missed(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a queue capped at one running call, its slot held, a second call waiting
+    plane, _ = parts
+    plane.ensure_queue(QueueSpec("capped", elasticity={"kind": "fixed", "max": 1}))
+    _submit(served, "capped")
+    second = _submit(served, "capped")
+    (running,) = plane.claim(["capped"], "w1")
+    # When the running call finishes just as another worker's claim parks (held back by
+    # the cap)
+    finish = functools.partial(plane.complete, running.id, running.lease_token, b"\x00done")
+    _in_the_parking_window(plane, monkeypatch, finish)
+    started = time.monotonic()
+    got = claiming(["capped"], 20.0)
+    # Then that claim takes the second call at once, not at the end of its wait
+    wait_for(lambda: bool(got), 10, "the freed slot was not noticed")
+    assert time.monotonic() - started < 3.0
+    assert [c.id for c in got[0]] == [second]
+
+
+def test_another_process_write_as_a_claim_parks_is_not_missed(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a served plane nobody waits on (its poller of the file has stopped)
+    plane, _ = parts
+    plane.ensure_queue(QueueSpec("shared"))
+    other = Plane(SqliteStore(served.plane_path))  # as another process would
+    wait_for(lambda: plane.changes._poller is None, 10, "the poller never stopped")
+    # When another process submits just as a worker's claim parks
+    submission = Submission(
+        id=new_id(), queue="shared", payload=encode_ref_call("math:sqrt", (4.0,), {}).payload
+    )
+    _in_the_parking_window(plane, monkeypatch, lambda: other.submit([submission]))
+    started = time.monotonic()
+    got = claiming(["shared"], 20.0)
+    # Then the claim takes it at once (the poller's first look counts as a change)
+    wait_for(lambda: bool(got), 10, "the other process's call was not noticed")
+    other.close()
+    assert time.monotonic() - started < 3.0
+    assert [c.id for c in got[0]] == [submission.id]

@@ -220,6 +220,7 @@ def test_an_idle_parked_result_wait_is_not_looked_at_again_until_its_call_finish
         for t in waiting:
             t.start()
         wait_for(lambda: asgi.held()[1] == 3, 10, "the waits never parked")
+        time.sleep(0.3)  # (the server's poller takes its first look as a change: once)
         asked = _counting_waits(plane, monkeypatch)
         # When nothing finishes for over a second (each looked again every 0.25 s before)
         time.sleep(1.2)

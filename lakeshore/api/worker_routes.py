@@ -127,6 +127,11 @@ class WorkerRoutes:
                     return self._idle_answer(wakes, queues, [], body["worker"], limit, lease)
                 return {"claims": []}
         left = max(0.0, deadline - time.monotonic())
+        if len(open_queues) < len(queues):
+            # Some named queues are paused: answer (empty) by the next recheck, so one
+            # resumed meanwhile — by another server process too, which wakes no one
+            # here — is looked at again by the worker's next claim.
+            left = min(left, _PAUSE_RECHECK)
         claims = self.plane.claim(
             open_queues, body["worker"], limit=limit, wait=left, lease_seconds=lease
         )

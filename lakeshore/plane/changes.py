@@ -77,6 +77,9 @@ class Park:
     finishes: bool = False
     #: the queues a claim waits on (empty: not known)
     queues: frozenset[str] = frozenset()
+    #: for a claim a finish may unblock: the finish count before its look (a finish
+    #: since is a change, even one made before the park was held)
+    finish_since: int | None = None
     #: a result wait's finished records, delivered by a watch that stays registered
     #: while the request is parked (see :meth:`Changes.keep`); None for other parks
     box: list[Invocation] | None = field(default=None, compare=False)
@@ -99,9 +102,11 @@ class _Parking(threading.local):
     park: Park | None = None
 
 
-#: seconds a wait blocking in a thread goes without looking again (a parked one has no
-#: such nap: it is looked at again on a change, or when its work comes due)
+#: seconds a wait blocking in a thread goes without looking again (a parked one is
+#: looked at again on a change, or when its work comes due)
 LOOK_AGAIN = 0.25
+#: ... and a parked one at least this often all the same, should a change slip past it
+PARKED_LOOK = 5.0
 
 
 class Changes:
@@ -167,6 +172,7 @@ class Changes:
         until: float | None = None,
         queues: Iterable[str] = (),
         parked: float | None = None,
+        finish_since: int | None = None,
     ) -> bool:
         """Block until something changed after generation ``since``, or ``timeout``.
 
@@ -175,18 +181,29 @@ class Changes:
         on work to arrive is not woken by every job that ends. ``until`` is when the
         caller's whole wait ends (its loop's deadline). False when the calling thread is
         parking: nothing was waited for, and the caller answers now; ``parked`` is then
-        the park's timeout instead of ``timeout``.
+        the park's timeout instead of ``timeout``. With ``finishes``, ``finish_since`` is
+        the finish count read before the caller looked: a finish since is a change.
         """
+        since_finish = finish_since if finishes else None
         if self._parking.on:
             nap = timeout if parked is None else parked
-            return self._park("generation", since, nap, until, finishes, frozenset(queues))
+            park = Park("generation", since, 0.0, 0.0, finishes, frozenset(queues), since_finish)
+            return self._park_as(park, nap, until)
+
+        def moved() -> bool:
+            return (
+                self._generation != since
+                or self._closed
+                or (since_finish is not None and self._finishes != since_finish)
+            )
+
         with self._cond:
-            if self._generation != since:
+            if moved():
                 return True
             self._count("generation", finishes, 1)
             self._ensure_poller()
             try:
-                self._work.wait_for(lambda: self._generation != since or self._closed, timeout)
+                self._work.wait_for(moved, timeout)
             finally:
                 self._count("generation", finishes, -1)
         return True
@@ -249,8 +266,14 @@ class Changes:
         finishes: bool = False,
         queues: frozenset[str] = frozenset(),
     ) -> bool:
+        return self._park_as(Park(kind, since, 0.0, 0.0, finishes, queues), timeout, until)
+
+    def _park_as(self, park: Park, timeout: float, until: float | None) -> bool:
+        """Record ``park`` (its nap ``timeout``, at most :data:`PARKED_LOOK`; its end
+        ``until``) as this thread's; False: nothing was waited for."""
         end = time.monotonic() + timeout if until is None else until
-        self._parking.park = Park(kind, since, max(0.0, timeout), end, finishes, queues)
+        nap = min(max(0.0, timeout), PARKED_LOOK)
+        self._parking.park = replace(park, timeout=nap, until=end)
         return False
 
     def keep(self, box: list[Invocation], release: Callable[[], None]) -> None:
@@ -276,6 +299,8 @@ class Changes:
     def changed(self, park: Park) -> bool:
         """Whether what ``park`` waits for has happened (or the plane closed)."""
         now = self._generation if park.kind == "generation" else self._finishes
+        if park.finish_since is not None and self._finishes != park.finish_since:
+            return True  # (a claim a finish may unblock)
         return now != park.since or self._closed
 
     def hold(self, park: Park) -> None:
@@ -408,7 +433,10 @@ class Changes:
         )
 
     def _poll(self) -> None:
-        marker = self._marker
+        # The first look is taken as a change: a commit made by another process after a
+        # waiter looked and before this poller started (and read the marker) would
+        # otherwise never be seen as one.
+        marker = None
         idle_rounds = 0
         while True:
             with self._cond:

@@ -49,6 +49,8 @@ class WorkerOps(PlaneBase):
             if self._changes.closed:
                 return []  # the plane is closing: answer empty, promptly
             generation = self._changes.generation
+            finishes = self._changes.finishes
+            looked_at = self.clock.now()
             self.maybe_sweep()
             capped: list[bool] = []
             claims = self._claim_now(
@@ -65,7 +67,7 @@ class WorkerOps(PlaneBase):
             # one not: its holder sweeps while claims are parked (PlaneASGI), so an
             # idle worker costs the plane nothing until work arrives. A capped queue may
             # have work held back by its cap: a finish frees a slot.
-            due = min(remaining, self._next_due_in(queues))
+            due = min(remaining, self._next_due_in(queues, looked_at))
             if not self._changes.wait(
                 generation,
                 min(due, LOOK_AGAIN),
@@ -73,17 +75,19 @@ class WorkerOps(PlaneBase):
                 until=deadline,
                 queues=queues,
                 parked=due,
+                finish_since=finishes,
             ):
                 return claims  # parked: the event loop holding the request asks again
 
-    def _next_due_in(self, queues: Sequence[str]) -> float:
-        """Seconds until the earliest scheduled invocation of ``queues`` comes due
-        (infinite when none is scheduled)."""
+    def _next_due_in(self, queues: Sequence[str], looked_at: float) -> float:
+        """Seconds until the earliest invocation of ``queues`` that was not due at
+        ``looked_at`` (when the claim looked) comes due: at once for one that came due
+        since (the look missed it), infinite when none is scheduled."""
         now = self.clock.now()
         soonest = math.inf
         for name in queues:
             t = self.store.next_available_at(name)
-            if t is not None and t > now:
+            if t is not None and t > looked_at:
                 soonest = min(soonest, t - now)
         return max(soonest, 0.001)
 
