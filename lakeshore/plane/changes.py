@@ -3,7 +3,9 @@
 Writes made through this plane object notify at once. When the store is shared with
 other processes (a SQLite file, DynamoDB), one poller thread per plane watches the
 store's change marker every ``store.poll_interval`` seconds while anybody waits, and
-wakes them on a change.
+wakes them on a change. After :data:`QUIET` seconds without a change, seen or made here,
+it looks ever less often, up to every :data:`SLOW_POLL` seconds (an idle worker on a
+plane file costs next to nothing); a write made here puts it back to its pace at once.
 
 A thread in :meth:`Changes.parking` never blocks here: a wait records what it would wait
 for (a :class:`Park`) and returns False, and the plane call answers as if its time were
@@ -102,6 +104,11 @@ class _Parking(threading.local):
     park: Park | None = None
 
 
+#: seconds without a change after which the poller slows down, and its slowest pace
+#: (or the store's own, if longer)
+QUIET = 30.0
+SLOW_POLL = 0.025
+
 #: seconds a wait blocking in a thread goes without looking again (a parked one is
 #: looked at again on a change, or when its work comes due)
 LOOK_AGAIN = 0.25
@@ -131,6 +138,10 @@ class Changes:
         self._watches: dict[str, list[Watch]] = defaultdict(list)
         self._poller: threading.Thread | None = None
         self._marker = 0
+        #: when this process last wrote (a change elsewhere is likely to follow), and
+        #: whether the poller is napping longer than its pace
+        self._active = 0.0
+        self._slow = False
         self._closed = False
         self._parking = _Parking()
         #: callbacks told of every change (parked requests); see :meth:`subscribe`
@@ -154,7 +165,14 @@ class Changes:
                 self._work.notify_all()
             else:
                 self._work.notify(waiters)
+            self._stir()
         self._tell(waiters, frozenset(queues))
+
+    def _stir(self) -> None:
+        """A write made here (lock held): the poller keeps, or takes up again, its pace."""
+        self._active = time.monotonic()
+        if self._slow:
+            self._nap.notify_all()
 
     def pass_on(self) -> None:
         """A woken claim wait found nothing (its queues had no new work): wake the next
@@ -388,6 +406,7 @@ class Changes:
             # A cursor wait listens to the finish count only (claim waits sleep on).
             new_work = self._finish_waiters or any(rec.state not in FINISHED for rec in records)
             finish = any(rec.state in FINISHED for rec in records)
+            self._stir()
             if finish:
                 self._finishes += 1  # always: a cursor wait reads it before it looks
             if new_work:
@@ -438,6 +457,10 @@ class Changes:
         # otherwise never be seen as one.
         marker = None
         idle_rounds = 0
+        pace = self._poll_interval
+        slowest = max(pace, SLOW_POLL)
+        nap = pace
+        changed = time.monotonic()
         while True:
             with self._cond:
                 if not self._busy():
@@ -447,14 +470,20 @@ class Changes:
                         return
                 else:
                     idle_rounds = 0
-                self._nap.wait(self._poll_interval)
+                self._slow = nap > pace
+                self._nap.wait(nap)
+                self._slow = False
+                lately = max(changed, self._active)
             try:
                 now_marker = self._store.change_marker()
             except Exception:  # the store was closed under us
                 return
             if now_marker == marker:
+                quiet = time.monotonic() - lately > QUIET
+                nap = min(nap * 2, slowest) if quiet else pace
                 continue
             marker = now_marker
+            changed, nap = time.monotonic(), pace
             # Take the watched ids only after reading the marker: a watch added since
             # checked its records itself, after this change was committed.
             with self._cond:
