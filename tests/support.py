@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.server import LocalServer
@@ -30,3 +31,17 @@ def role_token(server: LocalServer, role: str) -> str:
     with dls.Dispatch(server.url, token=server.admin_token) as admin:
         secret = admin.transport.create_token(role)["token"]  # type: ignore[attr-defined]
     return str(secret)
+
+
+def counting_calls(obj: object, name: str, monkeypatch: Any) -> list[float]:
+    """The times ``obj.name(...)`` is called from now on (the test's monkeypatch puts it
+    back)."""
+    called: list[float] = []
+    real = getattr(obj, name)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        called.append(time.monotonic())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, counted)
+    return called

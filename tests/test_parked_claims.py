@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support import role_token, wait_for
+from support import counting_calls, role_token, wait_for
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
@@ -52,19 +52,6 @@ def claiming(served: LocalServer) -> Iterator[Callable[[list[str], float], list[
         t.join(30)
 
 
-def _counting_claims(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The times the plane is asked for a claim, from now on."""
-    asked: list[float] = []
-    claim = plane.claim
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        asked.append(time.monotonic())
-        return claim(*args, **kwargs)
-
-    monkeypatch.setattr(plane, "claim", counted)
-    return asked
-
-
 def _submit(served: LocalServer, queue: str, **options: Any) -> str:
     assert served.admin_token is not None
     with dls.Dispatch(served.url, token=served.admin_token) as producer:
@@ -84,7 +71,7 @@ def test_idle_parked_claims_are_not_looked_at_again_until_work_arrives(
     answers = [claiming(["idle"], 20.0) for _ in range(3)]
     wait_for(lambda: asgi.held()[0] == 3, 10, "the claims never parked")
     time.sleep(0.3)  # (the server's poller takes its first look as a change: once)
-    asked = _counting_claims(plane, monkeypatch)
+    asked = counting_calls(plane, "claim", monkeypatch)
     # When nothing happens for over a second (a parked claim was looked at again every
     # 0.25 s before: twelve looks here)
     time.sleep(1.2)

@@ -10,11 +10,12 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgpack
 import pytest
-from support import wait_for
+from support import counting_calls, wait_for
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore import wire
@@ -55,21 +56,35 @@ def _complete(plane: Plane, inv_id: str, value: Any) -> None:
             plane.release(claim.id, claim.lease_token)
 
 
-def test_a_parked_result_wait_is_answered_from_the_finish_that_woke_it(
-    served: LocalServer, settled: list[bool]
-) -> None:
-    # Given a call on a served plane and its producer waiting for the result (parked)
-    plane, asgi = _plane(served)
+@contextmanager
+def _waiting(served: LocalServer, producers: int = 1) -> Iterator[tuple[str, list[Any]]]:
+    """A call on a served plane and ``producers`` threads waiting for its result (parked);
+    yields its id and the list their answers land in, and joins them after."""
+    _, asgi = _plane(served)
     with dls.Dispatch(served.url, token=served.admin_token) as producer:
         q = dls.SyncQueue("settled", dispatch=producer)
         inv = q.submit(pow, 2, 10)
         got: list[Any] = []
-        waiting = threading.Thread(target=lambda: got.append(q.result(inv, timeout=30)))
-        waiting.start()
-        wait_for(lambda: len(asgi._parked) == 1, 10, "the wait never parked")
+        waiting = [
+            threading.Thread(target=lambda: got.append(q.result(inv, timeout=30)))
+            for _ in range(producers)
+        ]
+        for t in waiting:
+            t.start()
+        wait_for(lambda: asgi.held()[1] == producers, 10, "the waits never parked")
+        yield inv, got
+        for t in waiting:
+            t.join(10)
+
+
+def test_a_parked_result_wait_is_answered_from_the_finish_that_woke_it(
+    served: LocalServer, settled: list[bool]
+) -> None:
+    # Given a call on a served plane and its producer waiting for the result (parked)
+    plane, _ = _plane(served)
+    with _waiting(served) as (inv, got):
         # When a worker completes it
         _complete(plane, inv, 1024)
-        waiting.join(10)
     # Then the wait answers with the result, made from the record the finish brought
     assert got == [1024]
     assert settled[-1] is True
@@ -192,44 +207,20 @@ def test_a_parked_result_wait_on_work_that_never_finishes_keeps_no_watch(
     assert not plane.changes._watches
 
 
-def _counting_waits(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The times the plane is asked for a result wait, from now on."""
-    asked: list[float] = []
-    wait = plane.wait
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        asked.append(time.monotonic())
-        return wait(*args, **kwargs)
-
-    monkeypatch.setattr(plane, "wait", counted)
-    return asked
-
-
 def test_an_idle_parked_result_wait_is_not_looked_at_again_until_its_call_finishes(
     served: LocalServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given producers waiting (parked) for a call no worker has taken
-    plane, asgi = _plane(served)
-    with dls.Dispatch(served.url, token=served.admin_token) as producer:
-        q = dls.SyncQueue("settled", dispatch=producer)
-        inv = q.submit(pow, 2, 10)
-        got: list[Any] = []
-        waiting = [
-            threading.Thread(target=lambda: got.append(q.result(inv, timeout=30))) for _ in range(3)
-        ]
-        for t in waiting:
-            t.start()
-        wait_for(lambda: asgi.held()[1] == 3, 10, "the waits never parked")
+    plane, _ = _plane(served)
+    with _waiting(served, producers=3) as (inv, got):
         time.sleep(0.3)  # (the server's poller takes its first look as a change: once)
-        asked = _counting_waits(plane, monkeypatch)
+        asked = counting_calls(plane, "wait", monkeypatch)
         # When nothing finishes for over a second (each looked again every 0.25 s before)
         time.sleep(1.2)
         # Then none was looked at again
         assert asked == []
         # When the call finishes, every wait answers with its result
         _complete(plane, inv, 1024)
-        for t in waiting:
-            t.join(10)
     assert got == [1024, 1024, 1024]
 
 
@@ -237,14 +228,7 @@ def test_a_parked_result_wait_hears_of_a_finish_written_by_another_process(
     served: LocalServer,
 ) -> None:
     # Given a producer waiting (parked) for a call on a served plane file
-    _, asgi = _plane(served)
-    with dls.Dispatch(served.url, token=served.admin_token) as producer:
-        q = dls.SyncQueue("settled", dispatch=producer)
-        inv = q.submit(pow, 2, 10)
-        got: list[Any] = []
-        waiting = threading.Thread(target=lambda: got.append(q.result(inv, timeout=30)))
-        waiting.start()
-        wait_for(lambda: asgi.held()[1] == 1, 10, "the wait never parked")
+    with _waiting(served) as (_, got):
         # When another plane on the same file (as another process would) completes it
         began = time.monotonic()
         other = Plane(SqliteStore(served.plane_path))
@@ -253,7 +237,6 @@ def test_a_parked_result_wait_hears_of_a_finish_written_by_another_process(
             other.complete(claim.id, claim.lease_token, wire.encode_result(1024)[0])
         finally:
             other.close()
-        waiting.join(10)
     # Then the wait answers with the result at once (the server's poller saw the write)
     assert got == [1024]
     assert time.monotonic() - began < 5
