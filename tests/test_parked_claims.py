@@ -6,8 +6,10 @@ while claims are parked) hands on a lease that ran out — not on a timer of its
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -175,6 +177,11 @@ def test_a_slot_freed_as_a_capped_claim_parks_is_not_missed(
     _submit(served, "capped")
     second = _submit(served, "capped")
     (running,) = plane.claim(["capped"], "w1")
+    # (a claim parked elsewhere keeps the server's poller running, its first look done:
+    # that look's wake would otherwise hide the window)
+    claiming(["elsewhere"], 6.0)
+    wait_for(lambda: plane.changes._poller is not None, 10)
+    time.sleep(0.5)
     # When the running call finishes just as another worker's claim parks (held back by
     # the cap)
     finish = functools.partial(plane.complete, running.id, running.lease_token, b"\x00done")
@@ -210,3 +217,64 @@ def test_another_process_write_as_a_claim_parks_is_not_missed(
     other.close()
     assert time.monotonic() - started < 3.0
     assert [c.id for c in got[0]] == [submission.id]
+
+
+def test_a_call_coming_due_during_a_claims_look_is_not_missed(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a call delayed 0.3 s, and a claim whose look finds it not yet due but which
+    # (held up) reckons its next look after the call came due
+    plane, _ = parts
+    claiming(["elsewhere"], 6.0)  # (the server's poller running, its first look done)
+    wait_for(lambda: plane.changes._poller is not None, 10)
+    time.sleep(0.5)
+    inv = _submit(served, "soon", _delay=0.3)
+    reckon = plane._next_due_in
+    held_up: list[bool] = []
+
+    def late(queues: Any, looked_at: float) -> float:
+        if list(queues) == ["soon"] and not held_up:
+            held_up.append(True)
+            due = plane.store.next_available_at("soon")
+            assert due is not None
+            time.sleep(max(0.0, due - plane.clock.now()) + 0.01)
+        return reckon(queues, looked_at)
+
+    monkeypatch.setattr(plane, "_next_due_in", late)
+    started = time.monotonic()
+    got = claiming(["soon"], 20.0)
+    # Then it looks again at once and takes the call
+    wait_for(lambda: bool(got), 10, "the call that came due was not claimed")
+    assert held_up and time.monotonic() - started < 2.0
+    assert [c.id for c in got[0]] == [inv]
+
+
+def test_a_claim_naming_a_paused_queue_answers_by_the_pause_recheck(
+    served: LocalServer,
+) -> None:
+    # Given a paused queue and an open one, both empty
+    assert served.admin_token is not None
+    with dls.Dispatch(served.url, token=served.admin_token) as admin:
+        for name in ("paused", "open"):
+            admin.transport.ensure_queue(QueueSpec(name))  # type: ignore[attr-defined]
+        admin.transport.update_queue("paused", paused=True)  # type: ignore[attr-defined]
+    # When a worker claims on both, waiting up to 20 s (one request: the SDK would ask
+    # again after an empty answer)
+    body = json.dumps({"queues": ["open", "paused"], "worker": "w", "wait": 20}).encode()
+    request = urllib.request.Request(
+        f"{served.url}/v1/claims",
+        data=body,
+        headers={
+            "Authorization": f"Bearer {role_token(served, 'worker')}",
+            "Content-Type": "application/json",
+        },
+    )
+    started = time.monotonic()
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        claims = json.load(answer)["claims"]
+    # Then it answers (empty) by about the recheck, so the worker's next claim sees a
+    # resume made meanwhile by another server process (which wakes nothing here)
+    assert claims == [] and time.monotonic() - started < 3.0

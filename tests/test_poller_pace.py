@@ -59,8 +59,7 @@ def test_the_poller_slows_down_when_quiet_and_keeps_up_when_this_process_writes(
     plane: Plane,
 ) -> None:
     # Given a claim waiting on a plane file (the poller watches it: every 2 ms)
-    got: list[object] = []
-    waiting = threading.Thread(target=lambda: got.append(plane.claim(["q"], "w", wait=10)))
+    waiting = threading.Thread(target=lambda: plane.claim(["q"], "w", wait=2))
     waiting.start()
     wait_for(lambda: plane.changes._poller is not None, 5)
     busy = _looks(plane, 0.2)
@@ -74,13 +73,23 @@ def test_the_poller_slows_down_when_quiet_and_keeps_up_when_this_process_writes(
     # back at its pace at once
     plane.submit([Submission(new_id(), "other", PAYLOAD)])
     assert _looks(plane, 0.1) > 15
-    # And a write by another process while it is slow is still seen, within its slow pace
-    time.sleep(0.6)
+    waiting.join(15)
+    # And a write by another process while it is slow is still seen, within its slow
+    # pace: a result wait blocks on its watch, which only the poller fires for another
+    # process's finish
+    inv = new_id()
+    plane.submit([Submission(inv, "q", PAYLOAD)])
+    time.sleep(0.6)  # (quiet again: the poller slow)
+    answered: list[list[object]] = []
+    waiting = threading.Thread(target=lambda: answered.append(plane.wait([inv], 10)))
+    waiting.start()
+    time.sleep(0.5)
     other = Plane(SqliteStore(plane.store.path))  # type: ignore[attr-defined]
-    began = time.monotonic()
     try:
-        other.submit([Submission(new_id(), "q", PAYLOAD)])
+        (claim,) = other.claim(["q"], "elsewhere")
+        began = time.monotonic()
+        other.complete(claim.id, claim.lease_token, b"\x00done")
     finally:
         other.close()
-    waiting.join(5)
-    assert got and got[0] and time.monotonic() - began < 1.0
+    waiting.join(10)
+    assert answered and answered[0] and time.monotonic() - began < 0.3

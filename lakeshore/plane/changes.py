@@ -3,9 +3,10 @@
 Writes made through this plane object notify at once. When the store is shared with
 other processes (a SQLite file, DynamoDB), one poller thread per plane watches the
 store's change marker every ``store.poll_interval`` seconds while anybody waits, and
-wakes them on a change. After :data:`QUIET` seconds without a change, seen or made here,
-it looks ever less often, up to every :data:`SLOW_POLL` seconds (an idle worker on a
-plane file costs next to nothing); a write made here puts it back to its pace at once.
+wakes them on a change. On a SQLite file, after :data:`QUIET` seconds without a change
+seen or made here, it looks ever less often, up to every :data:`SLOW_POLL` seconds (an
+idle worker on a plane file costs next to nothing); a write made here puts it back to its
+pace at once. (A store whose own pace is slower, DynamoDB's, keeps it.)
 
 A thread in :meth:`Changes.parking` never blocks here: a wait records what it would wait
 for (a :class:`Park`) and returns False, and the plane call answers as if its time were
@@ -137,7 +138,6 @@ class Changes:
         self._finish_listeners = 0
         self._watches: dict[str, list[Watch]] = defaultdict(list)
         self._poller: threading.Thread | None = None
-        self._marker = 0
         #: when this process last wrote (a change elsewhere is likely to follow), and
         #: whether the poller is napping longer than its pace
         self._active = 0.0
@@ -438,9 +438,7 @@ class Changes:
         if not self._store.shared or self._closed:
             return
         if self._poller is None or not self._poller.is_alive():
-            # Read the marker now, before the caller checks the records it waits for:
-            # any commit after this point is then seen as a change.
-            self._marker = self._store.change_marker()
+            # (its first look counts as a change: see _poll)
             self._poller = threading.Thread(
                 target=self._poll, name="lakeshore-changes", daemon=True
             )
