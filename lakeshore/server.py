@@ -286,6 +286,8 @@ class PlaneASGI:
         self._waiting: dict[asyncio.Future[Answer | None], Mapping[str, str]] = {}
         #: parked requests' wake-ups (event loop only) → what each waits for
         self._parked: dict[asyncio.Future[Answer | None], Park] = {}
+        #: wake-ups of capped claims woken by a finish, not by new work (event loop only)
+        self._freed: set[asyncio.Future[Answer | None]] = set()
         self._wake_due = False
         #: claim waits the changes since the last wake are worth waking (None: all), and
         #: the queues of that work (None: any)
@@ -718,7 +720,9 @@ class PlaneASGI:
                     if held:
                         changes.unhold(park)
                     del self._parked[waiter], self._waiting[waiter]
-                woken = park.kind == "generation" and changes.changed(park)
+                    freed = waiter in self._freed
+                    self._freed.discard(waiter)
+                woken = park.kind == "generation" and changes.changed(park) and not freed
         finally:
             _let_go(park)
             if gone is not None and not gone.done():
@@ -797,10 +801,17 @@ class PlaneASGI:
             if park.box is not None and not park.box and not changes.closed:
                 continue  # a result wait whose ids did not finish: its watch tells it
             if park.kind == "generation" and budget is not None:
-                if queues and park.queues and not park.queues & queues:
-                    continue  # the new work is on other queues
-                if budget <= 0:
-                    continue  # not woken by this change: a pass-on or its nap wakes it
+                skip = bool(queues and park.queues and not park.queues & queues) or budget <= 0
+                if skip and park.finish_since is not None:
+                    if changes.finishes != park.finish_since:
+                        # a capped claim a finish may have freed a slot for: woken for
+                        # the slot, not for new work (it passes no wake on)
+                        self._freed.add(waiter)
+                        waiter.set_result(None)
+                    continue
+                if skip:
+                    continue  # new work on other queues, or not worth this wake (a
+                    # pass-on or its nap wakes it)
                 budget -= 1
             waiter.set_result(None)
 

@@ -278,3 +278,36 @@ def test_a_claim_naming_a_paused_queue_answers_by_the_pause_recheck(
     # Then it answers (empty) by about the recheck, so the worker's next claim sees a
     # resume made meanwhile by another server process (which wakes nothing here)
     assert claims == [] and time.monotonic() - started < 3.0
+
+
+def test_finishes_wake_only_the_capped_claims_they_may_free_a_slot_for(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given five idle claims parked on one queue and one held back by a full cap
+    plane, asgi = parts
+    plane.ensure_queue(QueueSpec("capped", elasticity={"kind": "fixed", "max": 1}))
+    for name in ("idle", "busy"):
+        plane.ensure_queue(QueueSpec(name))
+    _submit(served, "capped")
+    _submit(served, "capped")
+    assert plane.claim(["capped"], "hog")
+    for _ in range(5):
+        claiming(["idle"], 6.0)
+    claiming(["capped"], 6.0)
+    wait_for(lambda: asgi.held()[0] == 6, 10, "the claims never parked")
+    time.sleep(0.3)  # (the server's poller takes its first look as a change: once)
+    calls = [_submit(served, "busy") for _ in range(5)]
+    asked = counting_calls(plane, "claim", monkeypatch)
+    # When calls of another queue finish, one after another
+    for inv in calls:
+        (claim,) = plane.claim(["busy"], "w")
+        assert claim.id == inv
+        plane.complete(claim.id, claim.lease_token, b"\x00done")
+        time.sleep(0.05)
+    # Then only the capped claim looks again (once a finish), not the idle ones: 5 of
+    # the 10 claims asked for are the test's own
+    time.sleep(0.2)
+    assert len(asked) - 5 <= 5 + 1

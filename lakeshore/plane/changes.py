@@ -401,17 +401,17 @@ class Changes:
         records = list(records)
         with self._cond:
             due = self._take_due(records)
-            # Records not finished (retried: pending again) are new work for claims, and
-            # a claim held back by a cap waits for finishes: both see a new generation.
-            # A cursor wait listens to the finish count only (claim waits sleep on).
-            new_work = self._finish_waiters or any(rec.state not in FINISHED for rec in records)
+            # Records not finished (retried: pending again) are new work for claims: a
+            # new generation. A claim held back by a cap watches the finish count (its
+            # ``finish_since``), as a cursor wait does; other claim waits sleep on.
+            new_work = any(rec.state not in FINISHED for rec in records)
             finish = any(rec.state in FINISHED for rec in records)
             self._stir()
             if finish:
                 self._finishes += 1  # always: a cursor wait reads it before it looks
             if new_work:
                 self._generation += 1
-            if new_work:
+            if new_work or (finish and self._finish_waiters):
                 self._work.notify_all()
             if finish and self._finish_listeners > 0:
                 self._cond.notify_all()
