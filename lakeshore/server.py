@@ -801,18 +801,15 @@ class PlaneASGI:
             if park.box is not None and not park.box and not changes.closed:
                 continue  # a result wait whose ids did not finish: its watch tells it
             if park.kind == "generation" and budget is not None:
-                skip = bool(queues and park.queues and not park.queues & queues) or budget <= 0
-                if skip and park.finish_since is not None:
-                    if changes.finishes != park.finish_since:
-                        # a capped claim a finish may have freed a slot for: woken for
-                        # the slot, not for new work (it passes no wake on)
-                        self._freed.add(waiter)
-                        waiter.set_result(None)
-                    continue
-                if skip:
-                    continue  # new work on other queues, or not worth this wake (a
-                    # pass-on or its nap wakes it)
-                budget -= 1
+                if (queues and park.queues and not park.queues & queues) or budget <= 0:
+                    # New work on other queues, or not worth this wake (a pass-on or its
+                    # nap wakes it) — unless a finish may have freed a slot for it (a
+                    # capped claim): woken for the slot, it passes no wake on.
+                    if park.finish_since in (None, changes.finishes):
+                        continue
+                    self._freed.add(waiter)
+                else:
+                    budget -= 1
             waiter.set_result(None)
 
     def _pass_on(self) -> None:

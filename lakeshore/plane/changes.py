@@ -142,6 +142,8 @@ class Changes:
         #: whether the poller is napping longer than its pace
         self._active = 0.0
         self._slow = False
+        #: whether the running poller has taken its first look (see :attr:`polling`)
+        self._looked = False
         self._closed = False
         self._parking = _Parking()
         #: callbacks told of every change (parked requests); see :meth:`subscribe`
@@ -205,8 +207,9 @@ class Changes:
         since_finish = finish_since if finishes else None
         if self._parking.on:
             nap = timeout if parked is None else parked
-            park = Park("generation", since, 0.0, 0.0, finishes, frozenset(queues), since_finish)
-            return self._park_as(park, nap, until)
+            return self._park(
+                "generation", since, nap, until, finishes, frozenset(queues), since_finish
+            )
 
         def moved() -> bool:
             return (
@@ -283,15 +286,13 @@ class Changes:
         until: float | None,
         finishes: bool = False,
         queues: frozenset[str] = frozenset(),
+        finish_since: int | None = None,
     ) -> bool:
-        return self._park_as(Park(kind, since, 0.0, 0.0, finishes, queues), timeout, until)
-
-    def _park_as(self, park: Park, timeout: float, until: float | None) -> bool:
-        """Record ``park`` (its nap ``timeout``, at most :data:`PARKED_LOOK`; its end
-        ``until``) as this thread's; False: nothing was waited for."""
+        """Record what this thread's wait would wait for (its nap ``timeout``, at most
+        :data:`PARKED_LOOK`; its end ``until``); False: nothing was waited for."""
         end = time.monotonic() + timeout if until is None else until
         nap = min(max(0.0, timeout), PARKED_LOOK)
-        self._parking.park = replace(park, timeout=nap, until=end)
+        self._parking.park = Park(kind, since, nap, end, finishes, queues, finish_since)
         return False
 
     def keep(self, box: list[Invocation], release: Callable[[], None]) -> None:
@@ -444,6 +445,13 @@ class Changes:
             )
             self._poller.start()
 
+    @property
+    def polling(self) -> bool:
+        """Whether a poller watches the store and has taken its first look (which
+        counts as a change: waiters woken by it have been told)."""
+        poller = self._poller
+        return poller is not None and poller.is_alive() and self._looked
+
     def _busy(self) -> bool:
         return not self._closed and (
             self._waiters > 0 or self._finish_listeners > 0 or bool(self._watches)
@@ -454,6 +462,7 @@ class Changes:
         # waiter looked and before this poller started (and read the marker) would
         # otherwise never be seen as one.
         marker = None
+        self._looked = False
         idle_rounds = 0
         pace = self._poll_interval
         slowest = max(pace, SLOW_POLL)
@@ -476,6 +485,7 @@ class Changes:
                 now_marker = self._store.change_marker()
             except Exception:  # the store was closed under us
                 return
+            self._looked = True
             if now_marker == marker:
                 quiet = time.monotonic() - lately > QUIET
                 nap = min(nap * 2, slowest) if quiet else pace
