@@ -54,6 +54,22 @@ def claiming(served: LocalServer) -> Iterator[Callable[[list[str], float], list[
         t.join(30)
 
 
+def _settled(plane: Plane, asgi: PlaneASGI, claims: int) -> None:
+    """Wait until ``claims`` claims are parked, the server's poller has taken its first
+    look (a change: it wakes them once) and every wake has been answered (none due,
+    none taken and not yet looked again)."""
+    wait_for(
+        lambda: (
+            plane.changes.polling
+            and asgi.held()[0] == claims
+            and not asgi._wake_due
+            and not any(waiter.done() for waiter in list(asgi._parked))
+        ),
+        10,
+        "the parked claims never settled",
+    )
+
+
 def _submit(served: LocalServer, queue: str, **options: Any) -> str:
     assert served.admin_token is not None
     with dls.Dispatch(served.url, token=served.admin_token) as producer:
@@ -71,11 +87,10 @@ def test_idle_parked_claims_are_not_looked_at_again_until_work_arrives(
     _submit(served, "idle")  # (the queue exists: its one call is taken first)
     assert plane.claim(["idle"], "other")
     answers = [claiming(["idle"], 20.0) for _ in range(3)]
-    wait_for(lambda: asgi.held()[0] == 3, 10, "the claims never parked")
-    time.sleep(0.3)  # (the server's poller takes its first look as a change: once)
+    _settled(plane, asgi, 3)
     asked = counting_calls(plane, "claim", monkeypatch)
     # When nothing happens for over a second (a parked claim was looked at again every
-    # 0.25 s before: twelve looks here)
+    # 0.25 s before: twelve looks here; this is the time the test watches)
     time.sleep(1.2)
     # Then none was looked at again
     assert asked == []
@@ -180,8 +195,7 @@ def test_a_slot_freed_as_a_capped_claim_parks_is_not_missed(
     # (a claim parked elsewhere keeps the server's poller running, its first look done:
     # that look's wake would otherwise hide the window)
     claiming(["elsewhere"], 6.0)
-    wait_for(lambda: plane.changes._poller is not None, 10)
-    time.sleep(0.5)
+    _settled(plane, parts[1], 1)
     # When the running call finishes just as another worker's claim parks (held back by
     # the cap)
     finish = functools.partial(plane.complete, running.id, running.lease_token, b"\x00done")
@@ -229,8 +243,7 @@ def test_a_call_coming_due_during_a_claims_look_is_not_missed(
     # (held up) reckons its next look after the call came due
     plane, _ = parts
     claiming(["elsewhere"], 6.0)  # (the server's poller running, its first look done)
-    wait_for(lambda: plane.changes._poller is not None, 10)
-    time.sleep(0.5)
+    _settled(plane, parts[1], 1)
     inv = _submit(served, "soon", _delay=0.3)
     reckon = plane._next_due_in
     held_up: list[bool] = []
@@ -297,8 +310,7 @@ def test_finishes_wake_only_the_capped_claims_they_may_free_a_slot_for(
     for _ in range(5):
         claiming(["idle"], 6.0)
     claiming(["capped"], 6.0)
-    wait_for(lambda: asgi.held()[0] == 6, 10, "the claims never parked")
-    time.sleep(0.3)  # (the server's poller takes its first look as a change: once)
+    _settled(plane, asgi, 6)
     calls = [_submit(served, "busy") for _ in range(5)]
     asked = counting_calls(plane, "claim", monkeypatch)
     # When calls of another queue finish, one after another
@@ -306,8 +318,7 @@ def test_finishes_wake_only_the_capped_claims_they_may_free_a_slot_for(
         (claim,) = plane.claim(["busy"], "w")
         assert claim.id == inv
         plane.complete(claim.id, claim.lease_token, b"\x00done")
-        time.sleep(0.05)
+        _settled(plane, asgi, 6)  # (each wake answered before the next finish)
     # Then only the capped claim looks again (once a finish), not the idle ones: 5 of
     # the 10 claims asked for are the test's own
-    time.sleep(0.2)
     assert len(asked) - 5 <= 5 + 1

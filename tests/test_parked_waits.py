@@ -213,9 +213,10 @@ def test_an_idle_parked_result_wait_is_not_looked_at_again_until_its_call_finish
     # Given producers waiting (parked) for a call no worker has taken
     plane, _ = _plane(served)
     with _waiting(served, producers=3) as (inv, got):
-        time.sleep(0.3)  # (the server's poller takes its first look as a change: once)
+        wait_for(lambda: plane.changes.polling, 10)  # (its first look: a change, once)
         asked = counting_calls(plane, "wait", monkeypatch)
-        # When nothing finishes for over a second (each looked again every 0.25 s before)
+        # When nothing finishes for over a second (each looked again every 0.25 s before;
+        # this is the time the test watches)
         time.sleep(1.2)
         # Then none was looked at again
         assert asked == []

@@ -63,8 +63,8 @@ def test_the_poller_slows_down_when_quiet_and_keeps_up_when_this_process_writes(
     waiting.start()
     wait_for(lambda: plane.changes._poller is not None, 5)
     busy = _looks(plane, 0.2)
-    # When nothing changes for longer than QUIET
-    time.sleep(0.5)
+    # When nothing changes for longer than QUIET (the poller then naps longer)
+    wait_for(lambda: plane.changes._slow, 5)
     quiet = _looks(plane, 0.5)
     # Then it looks about every SLOW_POLL (0.05 s), not every 2 ms
     assert busy > 40
@@ -79,11 +79,10 @@ def test_the_poller_slows_down_when_quiet_and_keeps_up_when_this_process_writes(
     # process's finish
     inv = new_id()
     plane.submit([Submission(inv, "q", PAYLOAD)])
-    time.sleep(0.6)  # (quiet again: the poller slow)
     answered: list[list[object]] = []
     waiting = threading.Thread(target=lambda: answered.append(plane.wait([inv], 10)))
     waiting.start()
-    time.sleep(0.5)
+    wait_for(lambda: inv in plane.changes._watches and plane.changes._slow, 5)
     other = Plane(SqliteStore(plane.store.path))  # type: ignore[attr-defined]
     try:
         (claim,) = other.claim(["q"], "elsewhere")
