@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import sys
 import tempfile
@@ -29,15 +28,11 @@ from pathlib import Path
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.plane import QueueSpec
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare import lakeshore_cli, make_token, read_banner, spawn
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE / "peers"))
+from common import cpu_seconds, cpu_snapshot  # noqa: E402
+from compare import lakeshore_cli, make_token, read_banner, spawn  # noqa: E402
 
 
 def held(url: str, admin: str, kind: str) -> int:
@@ -83,9 +78,9 @@ def measure(
     while held(url, admin, kind) < n and time.monotonic() < deadline:
         time.sleep(0.1)
     time.sleep(1.0)
-    c0, t0 = cpu_seconds(pid), time.monotonic()
+    c0, t0 = cpu_snapshot([pid], []), time.monotonic()
     time.sleep(seconds)
-    share = (cpu_seconds(pid) - c0) / (time.monotonic() - t0)
+    share = cpu_seconds(c0, cpu_snapshot([pid], [])) / (time.monotonic() - t0)
     name = "idle claims" if kind == "claim" else "result waits"
     print(f"{n:>5} {name} (held: {held(url, admin, kind)}): server {100 * share:.1f}% of a core")
     stop.set()  # (each thread ends with its request's answer: up to 20 s)
