@@ -1519,6 +1519,30 @@ def test_finished_since_a_cursor_is_exactly_what_finished_after_it(tmp_path: Pat
     other.close()
 
 
+def test_a_group_takes_the_write_lock_at_its_first_write_not_before(tmp_path: Path) -> None:
+    # (SQLite: a claim of many that finds nothing must not hold other processes' writes)
+    import sqlite3
+
+    s = SqliteStore(tmp_path / "plane.db")
+    s.insert(record("a"))
+    other = sqlite3.connect(tmp_path / "plane.db", timeout=0, isolation_level=None)
+    with s.transaction():
+        # Given a group that has only read so far
+        assert [r.id for r in s.pending("q", T0 + 1, 5)] == ["a"]
+        # Then another process may write meanwhile
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("COMMIT")
+        # and once the group writes, it holds the lock until it ends
+        assert s.update_if("a", {"state": State.PENDING}, {"state": State.RUNNING})
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            other.execute("BEGIN IMMEDIATE")
+    other.execute("BEGIN IMMEDIATE")  # the group's end committed it
+    other.execute("COMMIT")
+    assert s.get("a").state is State.RUNNING
+    other.close()
+    s.close()
+
+
 def test_a_plane_file_from_before_the_finish_sequence_gains_it(tmp_path: Path) -> None:
     # Given a plane file as an older version left it (no finish_seq column)
     old = SqliteStore(tmp_path / "plane.db")

@@ -245,6 +245,8 @@ class SqliteStore:
         self._lock = threading.RLock()
         #: > 0 while :meth:`transaction` holds one open (its thread holds the lock)
         self._depth = 0
+        #: whether that block has begun its SQLite transaction (at its first write)
+        self._begun = False
         #: queue specs read (every submit and claim reads its queue's), valid while the
         #: file's data_version stays what it was when they were read (other processes'
         #: commits move it); this store's own writes to a spec drop them
@@ -308,6 +310,9 @@ class SqliteStore:
         nothing more with ``single`` (the block writes with one statement, which SQLite
         applies whole or not at all: a savepoint around it would add two statements)."""
         with self._lock:
+            if self._depth and not self._begun:
+                self._db.execute("BEGIN IMMEDIATE")  # the group's first write
+                self._begun = True
             if self._depth and single:
                 yield self._db
                 return
@@ -338,18 +343,23 @@ class SqliteStore:
         of completions or a claim of many takes. Each write inside is a savepoint that
         stands on its own, as without the block (the plane has already told waiters of
         it), so the block commits what succeeded even when it ends with an exception.
-        Other threads wait for the block to end."""
+        Other threads wait for the block to end.
+
+        The transaction begins at the block's first write: what the block reads before
+        it reads as outside one (a claim that finds nothing takes no write lock and
+        commits nothing); the writes are conditional, so a read they act on may be old."""
         with self._lock:
             if self._depth:
                 yield
                 return
-            self._db.execute("BEGIN IMMEDIATE")
             self._depth = 1
             try:
                 yield
             finally:
                 self._depth = 0
-                self._db.execute("COMMIT")
+                if self._begun:
+                    self._begun = False
+                    self._db.execute("COMMIT")
 
     # --- queues -------------------------------------------------------------
     @contextmanager
