@@ -286,6 +286,9 @@ class PlaneASGI:
         self._waiting: dict[asyncio.Future[Answer | None], Mapping[str, str]] = {}
         #: parked requests' wake-ups (event loop only) → what each waits for
         self._parked: dict[asyncio.Future[Answer | None], Park] = {}
+        #: the queues of the work each woken parked claim was woken for (event loop only;
+        #: empty: any)
+        self._woken_for: dict[asyncio.Future[Answer | None], frozenset[str]] = {}
         #: wake-ups of capped claims woken by a finish, not by new work (event loop only)
         self._freed: set[asyncio.Future[Answer | None]] = set()
         self._wake_due = False
@@ -648,6 +651,9 @@ class PlaneASGI:
         self._loop_thread = threading.get_ident()
         until: float | None = None
         woken = False
+        #: the queues of the work the claim was woken for: a wake it could not use goes
+        #: to a claim on one of them (empty: not known, any claim)
+        woken_for: frozenset[str] = frozenset()
         #: the waiter of the park now (the hang-up settles it), and the hang-up's watch
         current: list[asyncio.Future[Answer | None]] = []
         gone: asyncio.Future[Message] | None = None
@@ -663,7 +669,7 @@ class PlaneASGI:
                     # It hung up as a wake came (the wake settled the waiter first):
                     # not resolved again, and the wake goes to the next one.
                     if woken:
-                        self._pass_on()
+                        self._pass_on(woken_for)
                     return _GONE
                 if park is not None:
                     # A result wait's watch stayed while it was parked: the records a
@@ -686,7 +692,7 @@ class PlaneASGI:
                     # Woken for work it could not take (another took it, or it was on a
                     # queue this one does not claim): the next claim that has not seen
                     # the change gets the wake.
-                    self._pass_on()
+                    self._pass_on(woken_for)
                 until = park.until if until is None else until
                 left = until - time.monotonic()
                 if left <= 0:
@@ -720,6 +726,7 @@ class PlaneASGI:
                     if held:
                         changes.unhold(park)
                     del self._parked[waiter], self._waiting[waiter]
+                    woken_for = self._woken_for.pop(waiter, frozenset())
                     freed = waiter in self._freed
                     self._freed.discard(waiter)
                 woken = park.kind == "generation" and changes.changed(park) and not freed
@@ -810,15 +817,24 @@ class PlaneASGI:
                     self._freed.add(waiter)
                 else:
                     budget -= 1
+            if park.kind == "generation" and queues:
+                self._woken_for[waiter] = frozenset(queues)
             waiter.set_result(None)
 
-    def _pass_on(self) -> None:
-        """Wake the next parked claim that has not seen the latest change."""
+    def _pass_on(self, queues: frozenset[str]) -> None:
+        """Wake the next parked claim that has not seen the latest change and may take
+        work on ``queues`` (those of the work the claim passing the wake on was woken
+        for; empty: any claim)."""
         changes = cast("Changes", self.changes)
         for waiter, park in self._parked.items():
-            if park.kind == "generation" and not waiter.done() and changes.changed(park):
-                waiter.set_result(None)
-                return
+            if park.kind != "generation" or waiter.done() or not changes.changed(park):
+                continue
+            if queues and park.queues and not queues & park.queues:
+                continue  # idle on other queues: the wake is not for it
+            if queues:
+                self._woken_for[waiter] = queues
+            waiter.set_result(None)
+            return
 
     @staticmethod
     def _event(scope: Scope, headers: dict[str, str], body: bytes) -> dict[str, Any]:

@@ -322,3 +322,34 @@ def test_finishes_wake_only_the_capped_claims_they_may_free_a_slot_for(
     # Then only the capped claim looks again (once a finish), not the idle ones: 5 of
     # the 10 claims asked for are the test's own
     assert len(asked) - 5 <= 5 + 1
+
+
+def test_a_wake_a_claim_could_not_use_passes_only_to_claims_on_its_queues(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given five idle claims parked on one queue and two on another
+    plane, asgi = parts
+    for name in ("idle", "work"):
+        plane.ensure_queue(QueueSpec(name))
+    idle = [claiming(["idle"], 6.0) for _ in range(5)]
+    work = [claiming(["work"], 6.0) for _ in range(2)]
+    _settled(plane, asgi, 7)
+    asked = counting_calls(plane, "claim", monkeypatch)
+    # When a call on the second queue is taken by another worker before the woken claim
+    # looks (the store is held: the woken claim's look waits for the theft)
+    submission = Submission(
+        id=new_id(), queue="work", payload=encode_ref_call("math:sqrt", (4.0,), {}).payload
+    )
+    with plane.store.transaction():  # type: ignore[attr-defined]
+        plane.submit([submission])
+        (stolen,) = plane.claim(["work"], "thief")
+    assert stolen.id == submission.id
+    _settled(plane, asgi, 7)
+    # Then the woken claim passed the wake to the other claim on its queue, and no
+    # claim idle on the first queue looked (each did, one after another, before): the
+    # thief's claim and two looks
+    assert len(asked) == 1 + 2
+    assert not any(idle) and not any(work)

@@ -668,11 +668,13 @@ def test_a_submit_wakes_as_many_parked_claims_as_records_and_a_wake_is_passed_on
         assert not other.done()  # the new work is not on its queue
         assert [f.done() for f in claims] == [True, False, False, False, False]
         assert not result.done()  # a submit is no finish
-        # the first found nothing: the next claim that has not seen the change wakes
-        asgi._pass_on()
-        assert other.done() and [f.done() for f in claims] == [True] + [False] * 4
-        asgi._pass_on()
-        assert [f.done() for f in claims] == [True, True, False, False, False]
+        # the first found nothing: the next claim that has not seen the change and may
+        # take work on the queue of the wake ("a") wakes, not the one idle on "b"
+        assert asgi._woken_for[claims[0]] == {"a"}
+        asgi._pass_on(asgi._woken_for[claims[0]])
+        assert not other.done() and [f.done() for f in claims] == [True, True] + [False] * 3
+        asgi._pass_on(frozenset())  # a wake for work on unknown queues: any claim
+        assert other.done() and [f.done() for f in claims] == [True, True] + [False] * 3
         changes.notify()  # a change worth every wait (a release, a sweep)
         await asyncio.sleep(0)
         assert all(f.done() for f in claims) and other.done() and not result.done()
@@ -723,8 +725,9 @@ def test_two_submits_in_one_turn_reach_a_claim_on_each_queue(tmp_path: Path) -> 
         await asyncio.sleep(0)
         woke = [n for n, f in parked.items() if f.done()]
         assert woke == ["q1", "q2"]
-        # q1 took the q job, q2 found nothing: its pass-on reaches r1
-        asgi._pass_on()
+        # q1 took the q job, q2 found nothing: its pass-on (for work on q or r) reaches r1
+        assert asgi._woken_for[parked["q2"]] == {"q", "r"}
+        asgi._pass_on(asgi._woken_for[parked["q2"]])
         assert parked["r1"].done()
 
     try:
