@@ -296,6 +296,9 @@ class PlaneASGI:
         #: the queues of that work (None: any)
         self._wake_budget: int | None = 0
         self._wake_queues: set[str] | None = set()
+        #: the queues of the finishes since the last wake (None: some unknown): a claim
+        #: held back by a cap is woken for a slot only by a finish on one of its queues
+        self._finish_queues: set[str] | None = set()
         self._wake_lock = threading.Lock()
         self._loop_thread = 0
         self._unsubscribe = changes.subscribe(self._on_change) if changes is not None else None
@@ -785,6 +788,11 @@ class PlaneASGI:
                     self._wake_queues |= queues
                 else:
                     self._wake_queues = None
+            if self._finish_queues is not None and waiters == 0:
+                if queues:
+                    self._finish_queues |= queues
+                else:
+                    self._finish_queues = None
             if self._wake_due:
                 return
             self._wake_due = True
@@ -801,6 +809,7 @@ class PlaneASGI:
             self._wake_due = False
             budget, self._wake_budget = self._wake_budget, 0
             queues, self._wake_queues = self._wake_queues, set()
+            finished, self._finish_queues = self._finish_queues, set()
         changes = cast("Changes", self.changes)
         for waiter, park in list(self._parked.items()):
             if not changes.changed(park) or waiter.done():
@@ -814,6 +823,8 @@ class PlaneASGI:
                     # capped claim): woken for the slot, it passes no wake on.
                     if park.finish_since in (None, changes.finishes):
                         continue
+                    if finished is not None and park.queues and not park.queues & finished:
+                        continue  # the finishes were on other queues: no slot for it
                     self._freed.add(waiter)
                 else:
                     budget -= 1

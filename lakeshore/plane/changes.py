@@ -349,8 +349,10 @@ class Changes:
         after every change a wait could be waiting for; returns a function that
         unsubscribes. ``n`` is how many claim waits the change is worth waking (a
         submit's records, see :meth:`notify`; 0 for a finish that made no work), or None
-        for all of them; ``queues`` the queues of that work when known (else empty).
-        Result waits are woken by any finish."""
+        for all of them; ``queues`` the queues of that work when known (else empty) —
+        for a finish (``n`` 0), the queues of the records that finished (a claim held
+        back by a cap on another queue gains no slot from it). Result waits are woken by
+        any finish."""
         with self._cond:
             self._subscribers = [*self._subscribers, callback]
 
@@ -418,8 +420,10 @@ class Changes:
                 self._cond.notify_all()
         for entry, rec in due:
             entry.callback(rec)
-        if new_work or finish:
-            self._tell(None if new_work else 0)  # a finish alone is no work for claims
+        if new_work:
+            self._tell(None)
+        elif finish:  # a finish alone is no work for claims, only a slot on its queues
+            self._tell(0, frozenset(rec.queue for rec in records if rec.state in FINISHED))
 
     @property
     def closed(self) -> bool:
