@@ -1,9 +1,12 @@
-"""The poller that watches a plane file for other processes' writes slows down once
-nothing has changed for a while (an idle worker on a plane file then costs next to
-nothing) and is back at its pace at once when this process writes."""
+"""The poller that watches a plane file for other processes' writes: where the kernel
+tells of writes (Linux) it sleeps until the file is written and then looks at once;
+elsewhere it slows down once nothing has changed for a while and is back at its pace at
+once when this process writes. Either way an idle worker on a plane file costs next to
+nothing."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +28,12 @@ PAYLOAD = encode_ref_call("math:sqrt", (4.0,), {}).payload
 def quick_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(changes_module, "QUIET", 0.3)
     monkeypatch.setattr(changes_module, "SLOW_POLL", 0.05)
+
+
+@pytest.fixture
+def no_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As where the kernel cannot tell of writes: the poller keeps its pace."""
+    monkeypatch.setattr(SqliteStore, "write_watch", lambda self: None)
 
 
 @pytest.fixture
@@ -56,7 +65,7 @@ def _looks(plane: Plane, seconds: float) -> int:
 
 
 def test_the_poller_slows_down_when_quiet_and_keeps_up_when_this_process_writes(
-    plane: Plane,
+    no_watch: None, plane: Plane
 ) -> None:
     # Given a claim waiting on a plane file (the poller watches it: every 2 ms)
     waiting = threading.Thread(target=lambda: plane.claim(["q"], "w", wait=2))
@@ -92,3 +101,74 @@ def test_the_poller_slows_down_when_quiet_and_keeps_up_when_this_process_writes(
         other.close()
     waiting.join(10)
     assert answered and answered[0] and time.monotonic() - began < 0.3
+
+
+needs_inotify = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the kernel tells of writes on Linux"
+)
+
+
+def _other_process_finishes(plane: Plane, inv: str) -> float:
+    """Finish ``inv`` through another handle on the file (as another process would);
+    the time it was committed."""
+    other = Plane(SqliteStore(plane.store.path))  # type: ignore[attr-defined]
+    try:
+        (claim,) = other.claim(["q"], "elsewhere")
+        assert claim.id == inv
+        other.complete(claim.id, claim.lease_token, b"\x00done")
+        return time.monotonic()
+    finally:
+        other.close()
+
+
+@needs_inotify
+def test_the_poller_sleeps_until_the_file_is_written_and_then_looks_at_once(
+    plane: Plane,
+) -> None:
+    # Given a result wait blocked on a plane file (only the poller fires its watch for
+    # another process's finish), once the writes that set it up are past
+    inv = new_id()
+    plane.submit([Submission(inv, "q", PAYLOAD)])
+    answered: list[list[object]] = []
+    waiting = threading.Thread(target=lambda: answered.append(plane.wait([inv], 10)))
+    waiting.start()
+    wait_for(lambda: inv in plane.changes._watches and plane.changes.polling, 5)
+    time.sleep(changes_module.MIN_LINGER * 2)
+    # When nothing is written for half a second
+    looks = _looks(plane, 0.5)
+    # Then the poller did not look (it looked every 2 ms, 250 times here, before); at
+    # most its safety look, once a second
+    assert looks <= 1
+    # When another process finishes the call, the wait has it at once
+    done = _other_process_finishes(plane, inv)
+    waiting.join(10)
+    assert answered and answered[0] and time.monotonic() - done < 0.1
+
+
+@needs_inotify
+def test_a_write_the_poller_sleeps_through_is_still_seen_by_its_safety_look(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a poller whose watch never tells of a write (as if one went untold)
+    monkeypatch.setattr(changes_module, "WATCH_SAFETY", 0.2)
+    real = SqliteStore.write_watch
+
+    def deaf(self: SqliteStore) -> object:
+        watch = real(self)
+        assert watch is not None
+        watch.written = lambda: False  # type: ignore[method-assign]
+        watch.wait = lambda timeout: bool(time.sleep(timeout))  # type: ignore[method-assign]
+        return watch
+
+    monkeypatch.setattr(SqliteStore, "write_watch", deaf)
+    inv = new_id()
+    plane.submit([Submission(inv, "q", PAYLOAD)])
+    answered: list[list[object]] = []
+    waiting = threading.Thread(target=lambda: answered.append(plane.wait([inv], 10)))
+    waiting.start()
+    wait_for(lambda: inv in plane.changes._watches and plane.changes.polling, 5)
+    # When another process finishes the call
+    done = _other_process_finishes(plane, inv)
+    # Then the wait has it by the next safety look
+    waiting.join(10)
+    assert answered and answered[0] and time.monotonic() - done < 1.0

@@ -3,10 +3,14 @@
 Writes made through this plane object notify at once. When the store is shared with
 other processes (a SQLite file, DynamoDB), one poller thread per plane watches the
 store's change marker every ``store.poll_interval`` seconds while anybody waits, and
-wakes them on a change. On a SQLite file, after :data:`QUIET` seconds without a change
-seen or made here, it looks ever less often, up to every :data:`SLOW_POLL` seconds (an
-idle worker on a plane file costs next to nothing); a write made here puts it back to its
-pace at once. (A store whose own pace is slower, DynamoDB's, keeps it.)
+wakes them on a change. A store that can tell of writes to it (a SQLite file on Linux:
+:class:`~.store.WatchesWrites`) lets the poller sleep until a write by any process, look
+at its pace for a moment (:data:`LINGER_LOOKS`), and sleep again: an idle worker on a
+plane file then costs nothing, and another process's commit is seen at once instead of
+at the next look. Elsewhere, after :data:`QUIET` seconds without a change seen or made
+here, it looks ever less often, up to every :data:`SLOW_POLL` seconds; a write made here
+puts it back to its pace at once. (A store whose own pace is slower, DynamoDB's, keeps
+it.)
 
 A thread in :meth:`Changes.parking` never blocks here: a wait records what it would wait
 for (a :class:`Park`) and returns False, and the plane call answers as if its time were
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .model import FINISHED, Invocation
-from .store import Store
+from .store import Store, WatchesWrites
 
 __all__ = ["Changes", "Park", "Watch", "due_watches"]
 
@@ -106,9 +110,25 @@ class _Parking(threading.local):
 
 
 #: seconds without a change after which the poller slows down, and its slowest pace
-#: (or the store's own, if longer)
+#: (or the store's own, if longer): where the store cannot tell of writes
 QUIET = 30.0
 SLOW_POLL = 0.025
+#: where it can (a plane file on Linux, see WatchesWrites): after a write is told, the
+#: poller looks at its pace for LINGER_LOOKS paces (at least MIN_LINGER seconds: a
+#: commit is told at its first write to the log and seen once it is whole), then sleeps
+#: until the next write — and looks all the same every WATCH_SAFETY seconds while
+#: anybody waits
+LINGER_LOOKS = 25
+MIN_LINGER = 0.05
+WATCH_SAFETY = 1.0
+#: a poller whose pace is under this (an embedded plane file's 2 ms) looks as soon as a
+#: write is told while lingering; a slower one (``lakeshore serve``'s 50 ms: its own
+#: writes are most of the file's) keeps its pace
+PROMPT_BELOW = 0.01
+#: seconds after a told write that found no change before that poller looks again
+FIRST_RETRY = 0.0001
+#: seconds the poller lingers once nobody waits (or 500 paces, if longer)
+IDLE_EXIT = 1.0
 
 #: seconds a wait blocking in a thread goes without looking again (a parked one is
 #: looked at again on a change, or when its work comes due)
@@ -467,44 +487,69 @@ class Changes:
         # otherwise never be seen as one.
         marker = None
         self._looked = False
-        idle_rounds = 0
         pace = self._poll_interval
         slowest = max(pace, SLOW_POLL)
+        linger = max(LINGER_LOOKS * pace, MIN_LINGER)
         nap = pace
-        changed = time.monotonic()
-        while True:
-            with self._cond:
-                if not self._busy():
-                    idle_rounds += 1
-                    if idle_rounds > 500 or self._closed:
+        changed = idle_since = told = time.monotonic()
+        watch = self._store.write_watch() if isinstance(self._store, WatchesWrites) else None
+        #: a write is told at the commit's first write to the log, and seen once the
+        #: commit is whole: a look at once that finds nothing looks again this soon,
+        #: then twice as late, up to the pace
+        retry = 0.0
+        try:
+            while True:
+                on_watch = False
+                with self._cond:
+                    now = time.monotonic()
+                    if self._busy():
+                        idle_since = now
+                    elif self._closed or now - idle_since > max(IDLE_EXIT, 500 * pace):
                         self._poller = None
                         return
-                else:
-                    idle_rounds = 0
-                self._slow = nap > pace
-                self._nap.wait(nap)
-                self._slow = False
-                lately = max(changed, self._active)
-            try:
-                now_marker = self._store.change_marker()
-            except Exception:  # the store was closed under us
-                return
-            self._looked = True
-            if now_marker == marker:
-                quiet = time.monotonic() - lately > QUIET
-                nap = min(nap * 2, slowest) if quiet else pace
-                continue
-            marker = now_marker
-            changed, nap = time.monotonic(), pace
-            # Take the watched ids only after reading the marker: a watch added since
-            # checked its records itself, after this change was committed.
-            with self._cond:
-                watched = list(self._watches)
-            if watched:
-                self.finished(self._store_get_many(watched))
-            with self._cond:  # another process wrote: maybe work, maybe a finish
-                self._finishes += 1
-            self.notify()
+                    if watch is not None and marker is not None and now - told > linger:
+                        on_watch = True  # nothing written lately: sleep until a write
+                    elif watch is not None and marker is not None and pace < PROMPT_BELOW:
+                        on_watch = True  # written lately: look at once on the next one
+                    else:
+                        self._slow = nap > pace
+                        self._nap.wait(nap)
+                        self._slow = False
+                    lately = max(changed, self._active)
+                if on_watch:
+                    assert watch is not None
+                    lingering = time.monotonic() - told <= linger
+                    if watch.wait((retry or nap) if lingering else WATCH_SAFETY):
+                        told, retry = time.monotonic(), retry or FIRST_RETRY
+                    elif retry:
+                        retry = retry * 2 if retry * 2 < nap else 0.0
+                    elif not lingering and not self._busy():
+                        continue  # (nobody waits: no look needed, only the idle clock)
+                elif watch is not None and watch.written():
+                    told = time.monotonic()
+                try:
+                    now_marker = self._store.change_marker()
+                except Exception:  # the store was closed under us
+                    return
+                self._looked = True
+                if now_marker == marker:
+                    quiet = time.monotonic() - lately > QUIET
+                    nap = min(nap * 2, slowest) if quiet else pace
+                    continue
+                marker = now_marker
+                changed, nap, retry = time.monotonic(), pace, 0.0
+                # Take the watched ids only after reading the marker: a watch added since
+                # checked its records itself, after this change was committed.
+                with self._cond:
+                    watched = list(self._watches)
+                if watched:
+                    self.finished(self._store_get_many(watched))
+                with self._cond:  # another process wrote: maybe work, maybe a finish
+                    self._finishes += 1
+                self.notify()
+        finally:
+            if watch is not None:
+                watch.close()
 
     def _store_get_many(self, ids: list[str]) -> list[Any]:
         return [r for r in self._store.get_many(ids) if r.state in FINISHED]

@@ -19,6 +19,8 @@ __all__ = [
     "BlobWriter",
     "Store",
     "WakeObjects",
+    "WatchesWrites",
+    "WriteSignal",
     "blob_home",
     "blob_writer",
     "wake_objects",
@@ -198,6 +200,33 @@ class Store(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class WriteSignal(Protocol):
+    """Tells of writes to a store by any process (see :class:`WatchesWrites`)."""
+
+    def wait(self, timeout: float) -> bool:
+        """Block until the store is written or ``timeout`` seconds pass: whether it was
+        (each write since the last call counts once)."""
+        ...
+
+    def written(self) -> bool:
+        """Whether the store was written since the last call (never blocks)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class WatchesWrites(Protocol):
+    """An optional capability: the store can tell when any process writes to it (the
+    SQLite store on Linux, by inotify on the file and its log), so the plane's poller of
+    :meth:`Store.change_marker` sleeps until then instead of looking every
+    ``poll_interval`` while anybody waits."""
+
+    def write_watch(self) -> WriteSignal | None:
+        """A new signal of writes (the poller closes it), or None if there is none."""
+        ...
 
 
 @runtime_checkable

@@ -36,6 +36,7 @@ from ..plane.model import (
 )
 from ..wire import is_digest
 from .blobfiles import BlobFile, drop_stale_parts
+from .filewatch import FileWatch, watch_files
 
 __all__ = ["SqliteStore"]
 
@@ -803,6 +804,18 @@ class SqliteStore:
         with self._lock:
             row = self._db.execute("PRAGMA data_version").fetchone()
         return int(row[0])
+
+    def write_watch(self) -> FileWatch | None:
+        """A watch of writes to the file's write-ahead log (every commit by any process
+        appends to it; a checkpoint writes only the file), for the poller to sleep on;
+        None where there is none (a ``:memory:`` store, a file not in WAL mode, no
+        inotify)."""
+        if not self.shared:
+            return None
+        log = self.path + "-wal"
+        if not os.path.exists(log):
+            self.change_marker()  # (a read opens it, in WAL mode)
+        return watch_files([log])
 
     def close(self) -> None:
         if self._checkpointer is not None:

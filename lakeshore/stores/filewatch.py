@@ -1,0 +1,96 @@
+"""Sleeping until a file is written, by any process of this machine (Linux inotify).
+
+The poller of a SQLite plane file (:mod:`..plane.changes`) asks SQLite for the file's
+change marker to see other processes' commits. Without a way to be told of a write it
+has to ask every few milliseconds while anybody waits — an idle worker's whole cost. With
+a :class:`FileWatch` on the file's write-ahead log it sleeps until the log is written
+(every commit appends to it), then looks.
+
+Only where the kernel tells of writes (Linux, and only while the process may open one
+more inotify instance: ``fs.inotify.max_user_instances``); elsewhere :func:`watch_files`
+answers None and the poller keeps its pace. ctypes over libc, no dependency: inotify is
+three system calls.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import struct
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+__all__ = ["FileWatch", "watch_files"]
+
+_IN_MODIFY = 0x00000002
+_IN_Q_OVERFLOW = 0x00004000
+_IN_NONBLOCK = 0o4000
+_IN_CLOEXEC = 0o2000000
+#: struct inotify_event: wd, mask, cookie, len (then ``len`` bytes of name)
+_EVENT = struct.Struct("iIII")
+
+
+class FileWatch:
+    """Tells when any of the files it watches was written (by any process)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a watched file is written or ``timeout`` seconds pass: whether
+        one was written (every write since the last call counts, once)."""
+        if self.written():
+            return True
+        try:
+            ready, _, _ = select.select([self._fd], [], [], max(timeout, 0.0))
+        except (OSError, ValueError):  # closed under us
+            return False
+        return bool(ready) and self.written()
+
+    def written(self) -> bool:
+        """Whether a watched file was written since the last call (never blocks)."""
+        hit = False
+        while True:
+            try:
+                data = os.read(self._fd, 4096)
+            except (BlockingIOError, InterruptedError):
+                return hit
+            except OSError:  # closed
+                return hit
+            if not data:
+                return hit
+            offset = 0
+            while offset + _EVENT.size <= len(data):
+                _, mask, _, length = _EVENT.unpack_from(data, offset)
+                offset += _EVENT.size + length
+                hit = hit or bool(mask & (_IN_MODIFY | _IN_Q_OVERFLOW))
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def watch_files(paths: Iterable[str | Path]) -> FileWatch | None:
+    """A watch of writes to those of ``paths`` that exist, or None where the kernel
+    cannot tell of them (not Linux, no inotify instance left, no such file)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        init1, add_watch = libc.inotify_init1, libc.inotify_add_watch
+    except (OSError, AttributeError):
+        return None
+    fd = int(init1(_IN_NONBLOCK | _IN_CLOEXEC))
+    if fd < 0:
+        return None  # (EMFILE: this user's inotify instances are all taken)
+    watched = 0
+    for path in paths:
+        if int(add_watch(fd, os.fsencode(str(path)), _IN_MODIFY)) >= 0:
+            watched += 1
+    if not watched:
+        os.close(fd)
+        return None
+    return FileWatch(fd)
