@@ -3,6 +3,8 @@ a plane file sleep instead of looking every few milliseconds."""
 
 from __future__ import annotations
 
+import os
+import resource
 import sqlite3
 import sys
 import threading
@@ -10,7 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
+from dreamlake.lakeshore.plane import Plane, QueueSpec
+from dreamlake.lakeshore.plane import changes as changes_module
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.stores.filewatch import watch_files
 
@@ -60,3 +65,45 @@ def test_there_is_no_watch_of_a_memory_store_or_of_files_that_do_not_exist(
 ) -> None:
     assert SqliteStore(":memory:").write_watch() is None
     assert watch_files([tmp_path / "nothing-here"]) is None
+
+
+def test_a_watch_works_past_file_descriptor_1023(tmp_path: Path) -> None:
+    # (select() cannot wait on such a descriptor: a poller there spun a whole core)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("this process may not open 1,200 files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    store = SqliteStore(tmp_path / "plane.db")
+    spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        watch = store.write_watch()
+        assert watch is not None and watch._fd > 1023
+        began = time.monotonic()
+        assert not watch.wait(0.2)  # it sleeps its time, and says nothing was written
+        assert time.monotonic() - began >= 0.15
+        watch.close()
+    finally:
+        for fd in spare:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        store.close()
+
+
+def test_closing_a_plane_ends_its_pollers_sleep_on_the_watch_at_once(tmp_path: Path) -> None:
+    # Given a plane file another process keeps open, and a poller asleep on its watch
+    keeper = sqlite3.connect(tmp_path / "plane.db")
+    plane = Plane(SqliteStore(tmp_path / "plane.db"))
+    plane.ensure_queue(QueueSpec("q"))
+    waiting = threading.Thread(target=lambda: plane.claim(["q"], "w", wait=3))
+    waiting.start()
+    wait_for(lambda: plane.changes._watch is not None and plane.changes.polling, 5)
+    poller = plane.changes._poller
+    assert poller is not None
+    time.sleep(changes_module.MIN_LINGER * 2)  # (past its linger: asleep on the watch)
+    # When the plane closes, the poller is gone at once (not at its next safety look)
+    began = time.monotonic()
+    plane.close()
+    poller.join(5)
+    assert not poller.is_alive() and time.monotonic() - began < 0.2
+    waiting.join(5)
+    keeper.close()

@@ -24,6 +24,8 @@ from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.submit import new_id
 from dreamlake.lakeshore.wire import encode_ref_call
 
+PAYLOAD = encode_ref_call("math:sqrt", (4.0,), {}).payload
+
 
 @pytest.fixture
 def parts(served: LocalServer) -> tuple[Plane, PlaneASGI]:
@@ -358,3 +360,40 @@ def test_a_wake_a_claim_could_not_use_passes_only_to_claims_on_its_queues(
     # thief's claim and two looks
     assert len(asked) == 1 + 2
     assert not any(idle) and not any(work)
+
+
+def test_a_claim_on_two_queues_that_takes_the_other_queues_call_passes_its_wake_on(
+    served: LocalServer, parts: tuple[Plane, PlaneASGI]
+) -> None:
+    # Given claims parked in this order: X on [b, a], Z on [b], W on [a]
+    plane, asgi = parts
+    for name in ("a", "b"):
+        plane.ensure_queue(QueueSpec(name))
+    token = role_token(served, "worker")
+    got: dict[str, tuple[list[Claim], float]] = {}
+    threads = []
+    for name, queues in (("x", ["b", "a"]), ("z", ["b"]), ("w", ["a"])):
+
+        def claim(name: str = name, queues: list[str] = queues) -> None:
+            with dls.Dispatch(served.url, token=token) as dp:
+                claims = dp.transport.claim(queues, name, limit=1, wait=4)
+                got[name] = (claims, time.monotonic())
+
+        threads.append(threading.Thread(target=claim))
+        threads[-1].start()
+        _settled(plane, asgi, len(threads))
+    # When a call on a wakes X and, before X looks, a call on b is submitted (the store
+    # is held: X's look waits; the wake for b, to Z, comes after it)
+    with plane.store.transaction():  # type: ignore[attr-defined]
+        plane.submit([Submission(new_id(), "a", PAYLOAD)])
+        wait_for(lambda: asgi.held()[0] == 2, 5, "the call on a woke no claim")
+        plane.submit([Submission(new_id(), "b", PAYLOAD)])
+    began = time.monotonic()
+    for t in threads:
+        t.join(20)
+    # Then X takes the b call (its first queue), Z finds nothing, and W still takes the
+    # a call at once: X passed on the wake for a it did not use (Z's pass-on, for b,
+    # does not reach W)
+    assert [c.queue for c in got["x"][0]] == ["b"] and got["z"][0] == []
+    assert [c.queue for c in got["w"][0]] == ["a"]
+    assert got["w"][1] - began < 1.0

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .model import FINISHED, Invocation
-from .store import Store, WatchesWrites
+from .store import Store, WatchesWrites, WriteSignal
 
 __all__ = ["Changes", "Park", "Watch", "due_watches"]
 
@@ -114,19 +114,21 @@ class _Parking(threading.local):
 QUIET = 30.0
 SLOW_POLL = 0.025
 #: where it can (a plane file on Linux, see WatchesWrites): after a write is told, the
-#: poller looks at its pace for LINGER_LOOKS paces (at least MIN_LINGER seconds: a
-#: commit is told at its first write to the log and seen once it is whole), then sleeps
-#: until the next write — and looks all the same every WATCH_SAFETY seconds while
-#: anybody waits
+#: poller looks at its pace for LINGER_LOOKS paces (at least MIN_LINGER seconds, or the
+#: watch's ``settle``, 1 s for a file whose commits sync: a commit is told at its first
+#: write to the log and seen once it is whole), then sleeps until the next write — and
+#: looks all the same every WATCH_SAFETY seconds while anybody waits
 LINGER_LOOKS = 25
 MIN_LINGER = 0.05
-WATCH_SAFETY = 1.0
+WATCH_SAFETY = 0.5
 #: a poller whose pace is under this (an embedded plane file's 2 ms) looks as soon as a
 #: write is told while lingering; a slower one (``lakeshore serve``'s 50 ms: its own
 #: writes are most of the file's) keeps its pace
 PROMPT_BELOW = 0.01
 #: seconds after a told write that found no change before that poller looks again
+#: (then twice as late, up to LAST_RETRY; then at its pace)
 FIRST_RETRY = 0.0001
+LAST_RETRY = 0.0004
 #: seconds the poller lingers once nobody waits (or 500 paces, if longer)
 IDLE_EXIT = 1.0
 
@@ -164,6 +166,8 @@ class Changes:
         self._slow = False
         #: whether the running poller has taken its first look (see :attr:`polling`)
         self._looked = False
+        #: the watch of the store's writes the running poller sleeps on, if any
+        self._watch: WriteSignal | None = None
         self._closed = False
         self._parking = _Parking()
         #: callbacks told of every change (parked requests); see :meth:`subscribe`
@@ -456,6 +460,8 @@ class Changes:
             self._cond.notify_all()
             self._work.notify_all()
             self._nap.notify_all()
+            if self._watch is not None:
+                self._watch.interrupt()  # (the poller may sleep on it: it ends now)
         self._tell()
 
     # --- cross-process polling -------------------------------------------------------
@@ -489,13 +495,15 @@ class Changes:
         self._looked = False
         pace = self._poll_interval
         slowest = max(pace, SLOW_POLL)
-        linger = max(LINGER_LOOKS * pace, MIN_LINGER)
         nap = pace
         changed = idle_since = told = time.monotonic()
         watch = self._store.write_watch() if isinstance(self._store, WatchesWrites) else None
+        linger = max(LINGER_LOOKS * pace, MIN_LINGER, watch.settle if watch else 0.0)
+        with self._cond:
+            self._watch = watch  # (close() interrupts a sleep on it)
         #: a write is told at the commit's first write to the log, and seen once the
         #: commit is whole: a look at once that finds nothing looks again this soon,
-        #: then twice as late, up to the pace
+        #: then twice as late, up to LAST_RETRY
         retry = 0.0
         try:
             while True:
@@ -522,7 +530,7 @@ class Changes:
                     if watch.wait((retry or nap) if lingering else WATCH_SAFETY):
                         told, retry = time.monotonic(), retry or FIRST_RETRY
                     elif retry:
-                        retry = retry * 2 if retry * 2 < nap else 0.0
+                        retry = retry * 2 if retry * 2 <= LAST_RETRY else 0.0
                     elif not lingering and not self._busy():
                         continue  # (nobody waits: no look needed, only the idle clock)
                 elif watch is not None and watch.written():
@@ -549,6 +557,8 @@ class Changes:
                 self.notify()
         finally:
             if watch is not None:
+                with self._cond:
+                    self._watch = None
                 watch.close()
 
     def _store_get_many(self, ids: list[str]) -> list[Any]:

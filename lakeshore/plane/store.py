@@ -205,6 +205,10 @@ class Store(Protocol):
 class WriteSignal(Protocol):
     """Tells of writes to a store by any process (see :class:`WatchesWrites`)."""
 
+    #: seconds a write may take to show after it is told (the poller keeps looking
+    #: that long after one)
+    settle: float
+
     def wait(self, timeout: float) -> bool:
         """Block until the store is written or ``timeout`` seconds pass: whether it was
         (each write since the last call counts once)."""
@@ -212,6 +216,10 @@ class WriteSignal(Protocol):
 
     def written(self) -> bool:
         """Whether the store was written since the last call (never blocks)."""
+        ...
+
+    def interrupt(self) -> None:
+        """End a :meth:`wait` under way (from another thread)."""
         ...
 
     def close(self) -> None: ...

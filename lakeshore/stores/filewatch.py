@@ -14,6 +14,7 @@ three system calls.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import select
@@ -35,19 +36,36 @@ _EVENT = struct.Struct("iIII")
 class FileWatch:
     """Tells when any of the files it watches was written (by any process)."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, settle: float = 0.0) -> None:
         self._fd = fd
+        #: seconds a write may take to show after it is told (a commit is told at its
+        #: first write to the log and seen once whole: longer when each commit syncs)
+        self.settle = settle
+        #: :meth:`interrupt` writes here to end a :meth:`wait` at once
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poll = select.poll()  # (not select(): an fd past 1023 is fine)
+        self._poll.register(fd, select.POLLIN)
+        self._poll.register(self._wake_r, select.POLLIN)
 
     def wait(self, timeout: float) -> bool:
-        """Block until a watched file is written or ``timeout`` seconds pass: whether
-        one was written (every write since the last call counts, once)."""
+        """Block until a watched file is written, ``timeout`` seconds pass or
+        :meth:`interrupt` is called: whether one was written (every write since the
+        last call counts, once)."""
         if self.written():
             return True
-        try:
-            ready, _, _ = select.select([self._fd], [], [], max(timeout, 0.0))
-        except (OSError, ValueError):  # closed under us
-            return False
-        return bool(ready) and self.written()
+        with contextlib.suppress(InterruptedError):
+            self._poll.poll(max(int(timeout * 1000 + 0.999), 0))
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 512):
+                pass
+        return self.written()
+
+    def interrupt(self) -> None:
+        """End a :meth:`wait` under way (from another thread)."""
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
 
     def written(self) -> bool:
         """Whether a watched file was written since the last call (never blocks)."""
@@ -70,10 +88,11 @@ class FileWatch:
     def close(self) -> None:
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            os.close(fd)
+            for each in (fd, self._wake_r, self._wake_w):
+                os.close(each)
 
 
-def watch_files(paths: Iterable[str | Path]) -> FileWatch | None:
+def watch_files(paths: Iterable[str | Path], settle: float = 0.0) -> FileWatch | None:
     """A watch of writes to those of ``paths`` that exist, or None where the kernel
     cannot tell of them (not Linux, no inotify instance left, no such file)."""
     if not sys.platform.startswith("linux"):
@@ -93,4 +112,4 @@ def watch_files(paths: Iterable[str | Path]) -> FileWatch | None:
     if not watched:
         os.close(fd)
         return None
-    return FileWatch(fd)
+    return FileWatch(fd, settle)

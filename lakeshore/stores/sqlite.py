@@ -815,13 +815,20 @@ class SqliteStore:
         log = self.path + "-wal"
         if not os.path.exists(log):
             self.change_marker()  # (a read opens it, in WAL mode)
-        return watch_files([log])
+        # A commit shows once its last write to the log is done and the log's index
+        # updated; a durability="full" commit syncs the log before that.
+        return watch_files([log], settle=_SETTLE_FULL if self._full else 0.0)
 
     def close(self) -> None:
         if self._checkpointer is not None:
             self._checkpointer.close()
         with self._lock:
             self._db.close()
+
+
+#: seconds a commit with durability="full" may take to show after its first write to
+#: the log (its sync on a slow disk): the poller keeps looking that long after a write
+_SETTLE_FULL = 1.0
 
 
 def _directory_id(home: Path) -> str:
