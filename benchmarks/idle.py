@@ -1,14 +1,19 @@
-"""Idle: what idle workers cost ``lakeshore serve``.
+"""Idle: what idle workers cost ``lakeshore serve``, and what idle workers on a plane
+file cost themselves.
 
     .venv/bin/python benchmarks/idle.py [--claims 0,50,200] [--waits 0,200] [--seconds 10]
+    .venv/bin/python benchmarks/idle.py --claims "" --waits "" --file-workers 2
 
 Starts ``lakeshore serve`` (a process of its own, a plane file), then for each count
 holds that many idle workers' claims on it (long polls of up to 20 s on an empty queue,
 made again as each ends, from threads of this process), then that many producers'
 result waits on a call no worker runs, and prints the server's CPU (user + system) over
 ``--seconds`` as a share of one core, with the number of requests the server reports
-holding (``lakeshore_serve_held_requests``). Run by hand; the machine is shared and
-noisy.
+holding (``lakeshore_serve_held_requests``). With ``--file-workers N``, it then starts N
+``lakeshore worker start --plane`` processes on a plane file of their own, has them run
+a call each, and prints their CPU (each process tree: the worker and its job processes)
+over ``--seconds`` once they have sat idle for ``--settle`` seconds. Run by hand; the
+machine is shared and noisy.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE / "peers"))
 from common import cpu_seconds, cpu_snapshot  # noqa: E402
-from compare import lakeshore_cli, make_token, read_banner, spawn  # noqa: E402
+from compare import lakeshore_cli, make_token, read_banner, spawn, start_workers  # noqa: E402
 
 
 def held(url: str, admin: str, kind: str) -> int:
@@ -89,12 +94,45 @@ def measure(
     return share
 
 
+def file_workers(n: int, seconds: float, settle: float) -> float:
+    """The CPU (share of a core, each) of ``n`` idle ``lakeshore worker start --plane``
+    processes on one plane file, ``settle`` seconds after their last call."""
+    with tempfile.TemporaryDirectory() as tmp:
+        plane = Path(tmp) / "plane.db"
+        workers = start_workers(["--plane", str(plane)], Path(tmp), n)
+        try:
+            with dls.Dispatch(str(plane)) as dp:
+                q = dls.SyncQueue("bench", dispatch=dp)
+                for i in range(4 * n):  # (each worker has run something, then nothing)
+                    q.result(q.submit(abs, -i), timeout=60)
+            time.sleep(settle)
+            pids = [w.pid for w in workers]
+            c0, t0 = cpu_snapshot([], pids), time.monotonic()
+            time.sleep(seconds)
+            share = cpu_seconds(c0, cpu_snapshot([], pids)) / (time.monotonic() - t0) / n
+            what = f"idle file-plane workers ({settle:.0f} s idle)"
+            print(f"{n:>5} {what}: {100 * share:.2f}% of a core each")
+            return share
+        finally:
+            for w in workers:
+                w.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", default="0,50,200")
     parser.add_argument("--waits", default="0,200")
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--file-workers", type=int, default=0)
+    parser.add_argument("--settle", type=float, default=5.0)
     args = parser.parse_args()
+    if args.claims or args.waits:
+        serve_side(args)
+    if args.file_workers:
+        file_workers(args.file_workers, args.seconds, args.settle)
+
+
+def serve_side(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         server = spawn(
             [*lakeshore_cli(), "serve", "--port", "0", "--plane", str(Path(tmp) / "plane.db")],
