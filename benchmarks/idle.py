@@ -12,8 +12,9 @@ result waits on a call no worker runs, and prints the server's CPU (user + syste
 holding (``lakeshore_serve_held_requests``). With ``--file-workers N``, it then starts N
 ``lakeshore worker start --plane`` processes on a plane file of their own, has them run
 a call each, and prints their CPU (each process tree: the worker and its job processes)
-over ``--seconds`` once they have sat idle for ``--settle`` seconds. Run by hand; the
-machine is shared and noisy.
+over ``--seconds`` once they have sat idle for ``--settle`` seconds (a worker writes a
+heartbeat every 15 s: windows of 30 s or more hold two). Run by hand; the machine is
+shared and noisy.
 """
 
 from __future__ import annotations

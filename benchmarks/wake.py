@@ -6,8 +6,9 @@ A child process holds a claim (a blocking wait of up to 5 s, made again as each 
 a queue of a fresh plane file; this process submits one call at a time to the same file
 and times each from before its submit to the child's claim returning it (both read the
 machine's monotonic clock). ``--gaps`` are the pauses between calls: a short one keeps
-the file busy, a long one lets the child's poller go back to sleep. Prints p50 / p90 /
-max of each. Run by hand; the machine is shared and noisy.
+the file busy, a long one lets the child's poller go back to sleep (with a short one, a call
+that arrives before the child's next claim waits is claimed at once, not woken for).
+Prints p50 / p90 / max of each. Run by hand; the machine is shared and noisy.
 """
 
 from __future__ import annotations

@@ -657,8 +657,6 @@ class PlaneASGI:
         #: the queues of the work the claim was woken for: a wake it could not use goes
         #: to a claim on one of them (empty: not known, any claim)
         woken_for: frozenset[str] = frozenset()
-        #: the queues the request claims from (its last park's)
-        claims_on: frozenset[str] = frozenset()
         #: the waiter of the park now (the hang-up settles it), and the hang-up's watch
         current: list[asyncio.Future[Answer | None]] = []
         gone: asyncio.Future[Message] | None = None
@@ -692,13 +690,12 @@ class PlaneASGI:
                         raise
                 park = parked()
                 if park is None or changes.closed:
-                    if woken and woken_for and claims_on - woken_for:
-                        # It took work, maybe on a queue it was not woken for (a wake
-                        # for that went to another claim, which finds nothing and passes
-                        # it on there): the work it was woken for may still wait.
+                    if woken and woken_for and parked.took and not parked.took & woken_for:
+                        # It took work only on queues it was not woken for (the wake for
+                        # that went to another claim, which finds nothing and passes it
+                        # on there): the work it was woken for may still wait.
                         self._pass_on(woken_for)
                     return answer  # (a closed plane answers every wait empty)
-                claims_on = park.queues
                 if woken:
                     # Woken for work it could not take (another took it, or it was on a
                     # queue this one does not claim): the next claim that has not seen

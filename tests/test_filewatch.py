@@ -107,3 +107,30 @@ def test_closing_a_plane_ends_its_pollers_sleep_on_the_watch_at_once(tmp_path: P
     assert not poller.is_alive() and time.monotonic() - began < 0.2
     waiting.join(5)
     keeper.close()
+
+
+def test_no_descriptor_left_for_the_watch_means_no_watch_and_nothing_kept_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a file to watch and a process out of descriptors once inotify has one
+    log = tmp_path / "plane.db-wal"
+    log.write_bytes(b"")
+
+    def inotify_fds() -> int:
+        found = 0
+        for fd in Path("/proc/self/fd").iterdir():
+            try:
+                found += "inotify" in os.readlink(fd)
+            except OSError:  # (the listing's own descriptor, closed by now)
+                continue
+        return found
+
+    before = inotify_fds()
+
+    def no_pipe() -> tuple[int, int]:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(os, "pipe", no_pipe)
+    # Then there is no watch (the poller keeps its pace) and no inotify left open
+    assert watch_files([log]) is None
+    assert inotify_fds() == before

@@ -397,3 +397,25 @@ def test_a_claim_on_two_queues_that_takes_the_other_queues_call_passes_its_wake_
     assert [c.queue for c in got["x"][0]] == ["b"] and got["z"][0] == []
     assert [c.queue for c in got["w"][0]] == ["a"]
     assert got["w"][1] - began < 1.0
+
+
+def test_a_claim_on_two_queues_that_takes_the_call_it_was_woken_for_passes_nothing_on(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[[list[str], float], list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given five workers' claims on [a, b] parked
+    plane, asgi = parts
+    for name in ("a", "b"):
+        plane.ensure_queue(QueueSpec(name))
+    got = [claiming(["a", "b"], 6.0) for _ in range(5)]
+    _settled(plane, asgi, 5)
+    asked = counting_calls(plane, "claim", monkeypatch)
+    # When a call on a is submitted
+    _submit(served, "a")
+    wait_for(lambda: sum(bool(g and g[0]) for g in got) == 1, 5, "no claim took the call")
+    _settled(plane, asgi, 4)
+    # Then the claim woken for it took it and woke no other (each looked in turn when
+    # the claim passed on a wake it had used)
+    assert len(asked) == 1

@@ -107,6 +107,30 @@ class Park:
 class _Parking(threading.local):
     on = False
     park: Park | None = None
+    #: the queues of the work a claim took in the block (see Changes.took)
+    took: frozenset[str] = frozenset()
+
+
+class Parked:
+    """What :meth:`Changes.parking` yields: called, the block's last park (None: the
+    call answered without wanting to wait); :attr:`took`, the queues a claim in the
+    block took work from."""
+
+    def __init__(self, slot: _Parking) -> None:
+        self._slot = slot
+        self._park: Park | None = None
+        self._took: frozenset[str] = frozenset()
+        self._open = True
+
+    def __call__(self) -> Park | None:
+        return self._slot.park if self._open else self._park
+
+    @property
+    def took(self) -> frozenset[str]:
+        return self._slot.took if self._open else self._took
+
+    def _close(self) -> None:
+        self._park, self._took, self._open = self._slot.park, self._slot.took, False
 
 
 #: seconds without a change after which the poller slows down, and its slowest pace
@@ -289,18 +313,26 @@ class Changes:
         return self._parking.on
 
     @contextmanager
-    def parking(self) -> Iterator[Callable[[], Park | None]]:
+    def parking(self) -> Iterator[Parked]:
         """While the block runs, waits in this thread record a :class:`Park` and return
-        at once; yields a function giving the last park (None: the call answered
-        without wanting to wait)."""
+        at once; yields a :class:`Parked` giving the last park (None: the call answered
+        without wanting to wait) and the queues a claim took work from."""
         slot = self._parking
-        slot.on, slot.park = True, None
-        last: list[Park | None] = [None]
+        slot.on, slot.park, slot.took = True, None, frozenset()
+        parked = Parked(slot)
         try:
-            yield lambda: slot.park if slot.on else last[0]
+            yield parked
         finally:
             # (the thread keeps no park past the block: a kept watch's records with it)
-            last[0], slot.park, slot.on = slot.park, None, False
+            parked._close()
+            slot.park, slot.on, slot.took = None, False, frozenset()
+
+    def took(self, queues: Iterable[str]) -> None:
+        """A claim in a :meth:`parking` block took work from ``queues`` (a no-op
+        outside one): a parked claim's holder passes on a wake it did not use."""
+        slot = self._parking
+        if slot.on:
+            slot.took = slot.took | frozenset(queues)
 
     def _park(
         self,
@@ -497,7 +529,10 @@ class Changes:
         slowest = max(pace, SLOW_POLL)
         nap = pace
         changed = idle_since = told = time.monotonic()
-        watch = self._store.write_watch() if isinstance(self._store, WatchesWrites) else None
+        try:
+            watch = self._store.write_watch() if isinstance(self._store, WatchesWrites) else None
+        except Exception:  # (the store was closed under us, or has no watch to give)
+            watch = None
         linger = max(LINGER_LOOKS * pace, MIN_LINGER, watch.settle if watch else 0.0)
         with self._cond:
             self._watch = watch  # (close() interrupts a sleep on it)
@@ -558,7 +593,8 @@ class Changes:
         finally:
             if watch is not None:
                 with self._cond:
-                    self._watch = None
+                    if self._watch is watch:  # (not a poller's started since)
+                        self._watch = None
                 watch.close()
 
     def _store_get_many(self, ids: list[str]) -> list[Any]:

@@ -61,6 +61,8 @@ class WorkerOps(PlaneBase):
             seen = generation
             remaining = deadline - time.monotonic()
             if claims or remaining <= 0 or (should_stop is not None and should_stop()):
+                if claims:
+                    self._changes.took(c.queue for c in claims)
                 return claims
             # Looked at again when scheduled work comes due; a blocking wait also every
             # LOOK_AGAIN seconds (its claims are what sweep expired leases), a parked

@@ -20,6 +20,7 @@ import os
 import select
 import struct
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -55,17 +56,21 @@ class FileWatch:
         last call counts, once)."""
         if self.written():
             return True
+        if timeout < 0.001:  # (poll() counts whole milliseconds)
+            time.sleep(max(timeout, 0.0))
+            return self.written()
         with contextlib.suppress(InterruptedError):
-            self._poll.poll(max(int(timeout * 1000 + 0.999), 0))
+            self._poll.poll(int(timeout * 1000 + 0.999))
         with contextlib.suppress(OSError):
             while os.read(self._wake_r, 512):
                 pass
         return self.written()
 
     def interrupt(self) -> None:
-        """End a :meth:`wait` under way (from another thread)."""
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        """End a :meth:`wait` under way (from another thread; not after :meth:`close`)."""
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
 
     def written(self) -> bool:
         """Whether a watched file was written since the last call (never blocks)."""
@@ -86,10 +91,11 @@ class FileWatch:
                 hit = hit or bool(mask & (_IN_MODIFY | _IN_Q_OVERFLOW))
 
     def close(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            for each in (fd, self._wake_r, self._wake_w):
-                os.close(each)
+        fds = (self._fd, self._wake_r, self._wake_w)
+        self._fd = self._wake_r = self._wake_w = -1
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
 
 
 def watch_files(paths: Iterable[str | Path], settle: float = 0.0) -> FileWatch | None:
@@ -112,4 +118,8 @@ def watch_files(paths: Iterable[str | Path], settle: float = 0.0) -> FileWatch |
     if not watched:
         os.close(fd)
         return None
-    return FileWatch(fd, settle)
+    try:
+        return FileWatch(fd, settle)
+    except OSError:  # (no descriptor left for its pipe)
+        os.close(fd)
+        return None
