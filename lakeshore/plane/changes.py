@@ -149,10 +149,11 @@ WATCH_SAFETY = 0.5
 #: write is told while lingering; a slower one (``lakeshore serve``'s 50 ms: its own
 #: writes are most of the file's) keeps its pace
 PROMPT_BELOW = 0.01
-#: seconds after a told write that found no change before that poller looks again
-#: (then twice as late, up to LAST_RETRY; then at its pace)
-FIRST_RETRY = 0.0001
-LAST_RETRY = 0.0004
+#: seconds after a told write that found no change before that poller looks again,
+#: unless another write is told first (the watch counts whole milliseconds; then at its
+#: pace)
+FIRST_RETRY = 0.001
+LAST_RETRY = 0.001
 #: seconds the poller lingers once nobody waits (or 500 paces, if longer)
 IDLE_EXIT = 1.0
 
@@ -537,8 +538,8 @@ class Changes:
         with self._cond:
             self._watch = watch  # (close() interrupts a sleep on it)
         #: a write is told at the commit's first write to the log, and seen once the
-        #: commit is whole: a look at once that finds nothing looks again this soon,
-        #: then twice as late, up to LAST_RETRY
+        #: commit is whole: a look at once that finds nothing looks again at the next
+        #: write told, or FIRST_RETRY later
         retry = 0.0
         try:
             while True:

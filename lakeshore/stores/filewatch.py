@@ -20,7 +20,6 @@ import os
 import select
 import struct
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -56,11 +55,10 @@ class FileWatch:
         last call counts, once)."""
         if self.written():
             return True
-        if timeout < 0.001:  # (poll() counts whole milliseconds)
-            time.sleep(max(timeout, 0.0))
-            return self.written()
         with contextlib.suppress(InterruptedError):
-            self._poll.poll(int(timeout * 1000 + 0.999))
+            # (poll() counts whole milliseconds: a shorter wait is one, unless a write
+            # comes first; a sleep would not wake for one)
+            self._poll.poll(max(int(timeout * 1000 + 0.999), 1))
         with contextlib.suppress(OSError):
             while os.read(self._wake_r, 512):
                 pass
