@@ -45,3 +45,32 @@ def counting_calls(obj: object, name: str, monkeypatch: Any) -> list[float]:
 
     monkeypatch.setattr(obj, name, counted)
     return called
+
+
+def asleep_on_watch(monkeypatch: Any) -> Callable[[], bool]:
+    """From now on, whether a plane file's poller sleeps on its watch of the file until a
+    write (past its linger after the last one; not looking at its pace)."""
+    from dreamlake.lakeshore.plane import changes
+    from dreamlake.lakeshore.stores import SqliteStore
+
+    asleep = [0]
+    real = SqliteStore.write_watch
+
+    def watching(store: SqliteStore) -> Any:
+        watch = real(store)
+        if watch is not None:
+            wait = watch.wait
+
+            def waiting(timeout: float) -> bool:
+                long = timeout >= changes.WATCH_SAFETY
+                asleep[0] += long
+                try:
+                    return wait(timeout)
+                finally:
+                    asleep[0] -= long
+
+            watch.wait = waiting  # type: ignore[method-assign]
+        return watch
+
+    monkeypatch.setattr(SqliteStore, "write_watch", watching)
+    return lambda: asleep[0] > 0

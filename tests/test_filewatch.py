@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from support import asleep_on_watch, wait_for
 
 from dreamlake.lakeshore.plane import Plane, QueueSpec
-from dreamlake.lakeshore.plane import changes as changes_module
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.stores.filewatch import watch_files
 
@@ -45,14 +44,15 @@ def test_a_watch_tells_of_a_write_by_another_process_and_nothing_else(
         other = sqlite3.connect(
             tmp_path / "plane.db", isolation_level=None, check_same_thread=False
         )
-        threading.Timer(
+        writer = threading.Timer(
             0.05, lambda: other.execute("INSERT INTO data_keys VALUES ('k', 'd', 0)")
-        ).start()
+        )
+        writer.start()
         began = time.monotonic()
         assert watch.wait(5)
         assert time.monotonic() - began < 1
-        time.sleep(0.05)
-        watch.written()  # (the rest of that commit's writes)
+        writer.join()  # (the commit is done)
+        watch.written()  # (the rest of its writes)
         assert not watch.written()  # each write counts once
         other.close()
     finally:
@@ -89,8 +89,11 @@ def test_a_watch_works_past_file_descriptor_1023(tmp_path: Path) -> None:
         store.close()
 
 
-def test_closing_a_plane_ends_its_pollers_sleep_on_the_watch_at_once(tmp_path: Path) -> None:
+def test_closing_a_plane_ends_its_pollers_sleep_on_the_watch_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Given a plane file another process keeps open, and a poller asleep on its watch
+    asleep = asleep_on_watch(monkeypatch)
     keeper = sqlite3.connect(tmp_path / "plane.db")
     plane = Plane(SqliteStore(tmp_path / "plane.db"))
     plane.ensure_queue(QueueSpec("q"))
@@ -99,7 +102,7 @@ def test_closing_a_plane_ends_its_pollers_sleep_on_the_watch_at_once(tmp_path: P
     wait_for(lambda: plane.changes._watch is not None and plane.changes.polling, 5)
     poller = plane.changes._poller
     assert poller is not None
-    time.sleep(changes_module.MIN_LINGER * 2)  # (past its linger: asleep on the watch)
+    wait_for(asleep, 5, "the poller never went to sleep on its watch")
     # When the plane closes, the poller is gone at once (not at its next safety look)
     began = time.monotonic()
     plane.close()

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from support import asleep_on_watch, wait_for
 
 from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
 from dreamlake.lakeshore.plane import changes as changes_module
@@ -133,12 +133,12 @@ def _other_process_finishes(plane: Plane, inv: str) -> float:
 
 @needs_inotify
 def test_the_poller_sleeps_until_the_file_is_written_and_then_looks_at_once(
-    plane: Plane,
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a result wait blocked on a plane file (only the poller fires its watch for
     # another process's finish), once the writes that set it up are past
-    inv, answered, waiting = _a_result_wait(plane, lambda: plane.changes.polling)
-    time.sleep(changes_module.MIN_LINGER * 2)  # (past its linger after those writes)
+    asleep = asleep_on_watch(monkeypatch)
+    inv, answered, waiting = _a_result_wait(plane, asleep)
     # When nothing is written for half a second
     looks = _looks(plane, 0.5)
     # Then the poller did not look (it looked every 2 ms, 250 times here, before): at
