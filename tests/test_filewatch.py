@@ -16,7 +16,7 @@ from support import asleep_on_watch, wait_for
 
 from dreamlake.lakeshore.plane import Plane, QueueSpec
 from dreamlake.lakeshore.stores import SqliteStore
-from dreamlake.lakeshore.stores.filewatch import watch_files
+from dreamlake.lakeshore.stores.filewatch import watch_file
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the kernel tells of writes on Linux"
@@ -64,7 +64,7 @@ def test_there_is_no_watch_of_a_memory_store_or_of_files_that_do_not_exist(
     tmp_path: Path,
 ) -> None:
     assert SqliteStore(":memory:").write_watch() is None
-    assert watch_files([tmp_path / "nothing-here"]) is None
+    assert watch_file(tmp_path / "nothing-here") is None
 
 
 def test_a_watch_works_past_file_descriptor_1023(tmp_path: Path) -> None:
@@ -135,5 +135,5 @@ def test_no_descriptor_left_for_the_watch_means_no_watch_and_nothing_kept_open(
 
     monkeypatch.setattr(os, "pipe", no_pipe)
     # Then there is no watch (the poller keeps its pace) and no inotify left open
-    assert watch_files([log]) is None
+    assert watch_file(log) is None
     assert inotify_fds() == before

@@ -150,10 +150,8 @@ WATCH_SAFETY = 0.5
 #: writes are most of the file's) keeps its pace
 PROMPT_BELOW = 0.01
 #: seconds after a told write that found no change before that poller looks again,
-#: unless another write is told first (the watch counts whole milliseconds; then at its
-#: pace)
-FIRST_RETRY = 0.001
-LAST_RETRY = 0.001
+#: unless another write is told first (then at its pace)
+RETRY = 0.001
 #: seconds the poller lingers once nobody waits (or 500 paces, if longer)
 IDLE_EXIT = 1.0
 
@@ -539,8 +537,8 @@ class Changes:
             self._watch = watch  # (close() interrupts a sleep on it)
         #: a write is told at the commit's first write to the log, and seen once the
         #: commit is whole: a look at once that finds nothing looks again at the next
-        #: write told, or FIRST_RETRY later
-        retry = 0.0
+        #: write told, or RETRY later
+        retry = False
         try:
             while True:
                 on_watch = False
@@ -563,10 +561,10 @@ class Changes:
                 if on_watch:
                     assert watch is not None
                     lingering = time.monotonic() - told <= linger
-                    if watch.wait((retry or nap) if lingering else WATCH_SAFETY):
-                        told, retry = time.monotonic(), retry or FIRST_RETRY
+                    if watch.wait((RETRY if retry else nap) if lingering else WATCH_SAFETY):
+                        told, retry = time.monotonic(), True
                     elif retry:
-                        retry = retry * 2 if retry * 2 <= LAST_RETRY else 0.0
+                        retry = False
                     elif not lingering and not self._busy():
                         continue  # (nobody waits: no look needed, only the idle clock)
                 elif watch is not None and watch.written():
@@ -581,7 +579,7 @@ class Changes:
                     nap = min(nap * 2, slowest) if quiet else pace
                     continue
                 marker = now_marker
-                changed, nap, retry = time.monotonic(), pace, 0.0
+                changed, nap, retry = time.monotonic(), pace, False
                 # Take the watched ids only after reading the marker: a watch added since
                 # checked its records itself, after this change was committed.
                 with self._cond:

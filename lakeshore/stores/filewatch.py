@@ -7,7 +7,7 @@ a :class:`FileWatch` on the file's write-ahead log it sleeps until the log is wr
 (every commit appends to it), then looks.
 
 Only where the kernel tells of writes (Linux, and only while the process may open one
-more inotify instance: ``fs.inotify.max_user_instances``); elsewhere :func:`watch_files`
+more inotify instance: ``fs.inotify.max_user_instances``); elsewhere :func:`watch_file`
 answers None and the poller keeps its pace. ctypes over libc, no dependency: inotify is
 three system calls.
 """
@@ -20,10 +20,9 @@ import os
 import select
 import struct
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["FileWatch", "watch_files"]
+__all__ = ["FileWatch", "watch_file"]
 
 _IN_MODIFY = 0x00000002
 _IN_Q_OVERFLOW = 0x00004000
@@ -34,7 +33,7 @@ _EVENT = struct.Struct("iIII")
 
 
 class FileWatch:
-    """Tells when any of the files it watches was written (by any process)."""
+    """Tells when the file it watches was written (by any process)."""
 
     def __init__(self, fd: int, settle: float = 0.0) -> None:
         self._fd = fd
@@ -50,8 +49,8 @@ class FileWatch:
         self._poll.register(self._wake_r, select.POLLIN)
 
     def wait(self, timeout: float) -> bool:
-        """Block until a watched file is written, ``timeout`` seconds pass or
-        :meth:`interrupt` is called: whether one was written (every write since the
+        """Block until the file is written, ``timeout`` seconds pass or
+        :meth:`interrupt` is called: whether it was written (every write since the
         last call counts, once)."""
         if self.written():
             return True
@@ -71,7 +70,7 @@ class FileWatch:
                 os.write(self._wake_w, b"x")
 
     def written(self) -> bool:
-        """Whether a watched file was written since the last call (never blocks)."""
+        """Whether the file was written since the last call (never blocks)."""
         hit = False
         while True:
             try:
@@ -96,9 +95,9 @@ class FileWatch:
                 os.close(fd)
 
 
-def watch_files(paths: Iterable[str | Path], settle: float = 0.0) -> FileWatch | None:
-    """A watch of writes to those of ``paths`` that exist, or None where the kernel
-    cannot tell of them (not Linux, no inotify instance left, no such file)."""
+def watch_file(path: str | Path, settle: float = 0.0) -> FileWatch | None:
+    """A watch of writes to ``path``, or None where the kernel cannot tell of them (not
+    Linux, no inotify instance left, no such file)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -109,11 +108,7 @@ def watch_files(paths: Iterable[str | Path], settle: float = 0.0) -> FileWatch |
     fd = int(init1(_IN_NONBLOCK | _IN_CLOEXEC))
     if fd < 0:
         return None  # (EMFILE: this user's inotify instances are all taken)
-    watched = 0
-    for path in paths:
-        if int(add_watch(fd, os.fsencode(str(path)), _IN_MODIFY)) >= 0:
-            watched += 1
-    if not watched:
+    if int(add_watch(fd, os.fsencode(str(path)), _IN_MODIFY)) < 0:
         os.close(fd)
         return None
     try:

@@ -36,7 +36,7 @@ from ..plane.model import (
 )
 from ..wire import is_digest
 from .blobfiles import BlobFile, drop_stale_parts
-from .filewatch import FileWatch, watch_files
+from .filewatch import FileWatch, watch_file
 
 __all__ = ["SqliteStore"]
 
@@ -817,7 +817,7 @@ class SqliteStore:
             self.change_marker()  # (a read opens it, in WAL mode)
         # A commit shows once its last write to the log is done and the log's index
         # updated; a durability="full" commit syncs the log before that.
-        return watch_files([log], settle=_SETTLE_FULL if self._full else 0.0)
+        return watch_file(log, settle=_SETTLE_FULL if self._full else 0.0)
 
     def close(self) -> None:
         if self._checkpointer is not None:
