@@ -15,6 +15,7 @@ import http.client
 import os
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,8 @@ from dreamlake.lakeshore.api import Limits, Service
 from dreamlake.lakeshore.api.auth import Identity
 from dreamlake.lakeshore.errors import InvalidRequest, PayloadTooLarge, Unavailable
 from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.plane import blobs as blobs_module
+from dreamlake.lakeshore.plane.blobs import HASH_BESIDE
 from dreamlake.lakeshore.plane.model import Claim
 from dreamlake.lakeshore.progress import MAX_MESSAGE
 from dreamlake.lakeshore.server import LocalServer
@@ -234,6 +237,46 @@ def test_a_blob_in_pieces_is_checked_and_kept_whole_on_either_store(tmp_path: Pa
         finally:
             plane.close()
     assert [p.name for p in (tmp_path / "plane.db.blobs").iterdir()] == [digest]
+
+
+def test_whole_blobs_are_checked_before_any_is_kept_on_either_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Large blobs bound for a file are hashed on another thread while the file is
+    # written; the file gets its name only once every blob of the put has matched.
+    hashed_on: list[str] = []
+    real = blobs_module._sha256
+
+    def sha256(data: bytes) -> str:
+        hashed_on.append(threading.current_thread().name)
+        return real(data)
+
+    monkeypatch.setattr(blobs_module, "_sha256", sha256)
+    big, other = os.urandom(MIB), os.urandom(HASH_BESIDE)
+    d_big, d_other = hashlib.sha256(big).hexdigest(), hashlib.sha256(other).hexdigest()
+    small = b"small bytes"
+    d_small = hashlib.sha256(small).hexdigest()
+    for store in (SqliteStore(":memory:"), SqliteStore(tmp_path / "plane.db")):
+        plane = Plane(store)
+        try:
+            # a large blob whose bytes are another's, beside good ones: nothing kept
+            for wrong in ({d_big: big, d_other: big}, {d_big: big, d_small: other}):
+                with pytest.raises(InvalidRequest, match="does not match"):
+                    plane.put_blobs({d_small: small, **wrong})
+                assert plane.missing_blobs([d_big, d_other, d_small]) == {d_big, d_other, d_small}
+            # the right bytes: all kept, readable whole
+            hashed_on.clear()
+            plane.put_blobs({d_big: big, d_other: other, d_small: small})
+            assert [plane.get_blob(d) for d in (d_big, d_other, d_small)] == [big, other, small]
+            beside = [name for name in hashed_on if name.startswith("lakeshore-hash")]
+            # (only a plane file's large blobs are hashed beside their file's write)
+            assert len(beside) == (2 if store.shared else 0)
+            # a blob the plane holds already is checked and not written again
+            plane.put_blobs({d_big: big})
+        finally:
+            plane.close()
+    names = sorted(p.name for p in (tmp_path / "plane.db.blobs").iterdir() if p.name != ".id")
+    assert names == sorted([d_big, d_other, d_small])  # no part left by the refused puts
 
 
 def _get(

@@ -1,16 +1,90 @@
-"""A blob that arrives in pieces (an upload streamed to ``lakeshore serve``): checked
-against its digest as :meth:`Plane.put_blob <.core.Plane.put_blob>` checks a whole one,
-and kept only if it matches."""
+"""Blobs checked against their digests before the plane keeps them: whole ones
+(:func:`put_checked`, what :meth:`Plane.put_blobs <.core.Plane.put_blobs>` does) and one
+that arrives in pieces (:class:`BlobUpload`, an upload streamed to ``lakeshore serve``)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 from ..errors import InvalidRequest, PayloadTooLarge
-from .store import BlobWriter
+from .store import BlobWriter, blob_writer
 
-__all__ = ["BlobUpload"]
+__all__ = ["HASH_BESIDE", "BlobUpload", "put_checked"]
+
+#: a blob at least this large, bound for a file, is hashed on a thread of its own while
+#: its file is written: hashing and writing both let go of the GIL, so with two cores the
+#: check takes no time of its own (a 1 MiB blob's hash ~0.6-0.9 ms and its fresh file
+#: ~0.6-1.4 ms on a small VM; smaller blobs are not worth the hand-over)
+HASH_BESIDE = 256 * 1024
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _hasher() -> ThreadPoolExecutor:
+    """The process's hashing threads (made on first use; a forked child makes its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lakeshore-hash")
+        return _pool
+
+
+def _forget_pool() -> None:
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()  # the parent's threads are not in a child
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _mismatch(digest: str) -> InvalidRequest:
+    return InvalidRequest(f"blob {digest[:12]}… does not match its bytes")
+
+
+def put_checked(store: Any, blobs: Mapping[str, bytes], now: float) -> None:
+    """Store content-addressed ``blobs`` in ``store``, each checked against its digest
+    first: one that does not match raises :class:`InvalidRequest` and none is stored.
+
+    A blob of :data:`HASH_BESIDE` bytes or more that the store keeps as a file (and does
+    not hold yet) is written to its private part file while another thread hashes it;
+    the part is renamed into place only once every blob has matched, and dropped
+    otherwise, so a reader never sees unchecked bytes under a blob's name.
+    """
+    files: list[tuple[str, BlobWriter, Future[str]]] = []
+    whole: dict[str, bytes] = {}
+    try:
+        for digest, data in blobs.items():
+            writer = None
+            if len(data) >= HASH_BESIDE and not store.has_blobs([digest]):
+                writer = blob_writer(store, digest)
+            if writer is None:
+                if _sha256(data) != digest:
+                    raise _mismatch(digest)
+                whole[digest] = data
+                continue
+            files.append((digest, writer, _hasher().submit(_sha256, data)))
+            writer.write(data)
+        for digest, _, hashed in files:
+            if hashed.result() != digest:
+                raise _mismatch(digest)
+    except BaseException:
+        for _, writer, _ in files:
+            writer.abort()
+        raise
+    for _, writer, _ in files:
+        writer.commit()
+    for digest, data in whole.items():
+        store.put_blob(digest, data, now)
 
 
 class BlobUpload:
@@ -60,7 +134,7 @@ class BlobUpload:
             raise InvalidRequest("the upload has ended")
         if self._hash.hexdigest() != self.digest:
             self.abort()
-            raise InvalidRequest(f"blob {self.digest[:12]}… does not match its bytes")
+            raise _mismatch(self.digest)
         self._ended = True
         if self._writer is not None:
             self._writer.commit()

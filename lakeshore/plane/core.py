@@ -27,7 +27,6 @@ Every time comes from the injected clock; nothing here sleeps to let time pass.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,7 +34,7 @@ from typing import Any, cast
 
 from ..clock import Clock, SystemClock
 from ..errors import InvalidRequest, NotFound
-from .blobs import BlobUpload
+from .blobs import BlobUpload, put_checked
 from .changes import Changes
 from .daemons import DaemonOps
 from .data import DataOps
@@ -101,13 +100,9 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
 
     def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
         """Store content-addressed blobs. Each is checked against its digest first:
-        one that does not match raises :class:`InvalidRequest` and none is stored."""
-        for digest, data in blobs.items():
-            if hashlib.sha256(data).hexdigest() != digest:
-                raise InvalidRequest(f"blob {digest[:12]}… does not match its bytes")
-        now = self.clock.now()
-        for digest, data in blobs.items():
-            self.store.put_blob(digest, data, now)
+        one that does not match raises :class:`InvalidRequest` and none is stored (a
+        large one is hashed while its file is written: :func:`~.blobs.put_checked`)."""
+        put_checked(self.store, blobs, self.clock.now())
 
     def blob_upload(self, digest: str, *, limit: int) -> BlobUpload:
         """A blob put in pieces, up to ``limit`` bytes: checked against its digest as
