@@ -414,6 +414,36 @@ def test_a_lone_silent_job_is_completed_by_its_job_process_while_reports_are_qui
     assert w.report_seconds is not None
 
 
+def _switches(thread: threading.Thread) -> int:
+    """How many times ``thread`` has slept and woken (its voluntary context switches)."""
+    status = Path(f"/proc/self/task/{thread.native_id}/status").read_text()
+    return int(status.split("\nvoluntary_ctxt_switches:")[1].split()[0])
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
+def test_the_reporter_sleeps_while_job_processes_complete_their_jobs(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a process worker whose job processes complete lone jobs themselves (its
+    # reporter has nothing to send), warmed up
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("quiet", dispatch=producer)
+    sent = parent_reports(monkeypatch, worker_dp)
+    with worker(worker_dp, "quiet") as (w, _):
+        idle_with_a_claiming_child(w, q)
+        [reporter] = [t for t in threading.enumerate() if t.name == "lakeshore-report"]
+        before, reports = _switches(reporter), len(sent)
+        # When 20 calls come one at a time
+        for i in range(20):
+            assert q.result(q.submit(square, i), timeout=60) == i * i
+        wait_for(lambda: w.completed == 21)
+        # Then the reporter slept through them: the fetcher's wake-ups (a slot freed, a
+        # claim answered: several a job) are not its own (it woke ~8 times a job)
+        assert len(sent) == reports
+        assert _switches(reporter) - before <= 3
+
+
 def parent_claims(monkeypatch: pytest.MonkeyPatch, dp: dls.Dispatch) -> list[list[str]]:
     """The ids the worker's own process leases, claim by claim (empty ones left out)."""
     leased: list[list[str]] = []

@@ -236,7 +236,12 @@ class ProcessWorker:
         #: outcomes waiting for the reporter
         self._done: list[tuple[Claim, Outcome]] = []
         self._reporting = False
-        self._cv = threading.Condition()
+        lock = threading.RLock()
+        self._cv = threading.Condition(lock)
+        #: what the reporter waits on (outcomes in ``_done``, or the end), beside ``_cv``
+        #: on its lock: the fetcher's many notifications (a slot freed, a claim taken, a
+        #: delegated claim answered: several a job) do not wake it for nothing
+        self._outcomes = threading.Condition(lock)
         self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
         self.completed = 0
 
@@ -346,6 +351,7 @@ class ProcessWorker:
             self._beat_stop.set()
             with self._cv:
                 self._cv.notify_all()
+                self._outcomes.notify_all()
             for t in threads:
                 t.join(timeout=5)
             for slot in self._slots:
@@ -640,7 +646,7 @@ class ProcessWorker:
         """Report what finished: every outcome waiting, in one batch per round."""
         while True:
             with self._cv:
-                self._cv.wait_for(lambda: bool(self._done) or self._beat_stop.is_set())
+                self._outcomes.wait_for(lambda: bool(self._done) or self._beat_stop.is_set())
                 if not self._done:
                     return
                 done, self._done = self._done, []
@@ -688,6 +694,7 @@ class ProcessWorker:
                 self._reporting = True
             else:
                 self._done.append((claim, outcome))
+                self._outcomes.notify()
         if alone:
             try:
                 self._report([(claim, outcome)])
