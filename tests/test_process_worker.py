@@ -18,7 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from support import role_token, wait_for
+from support import counting_calls, role_token, wait_for
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.errors import InvalidRequest, LeaseLost, Unavailable
@@ -52,6 +52,11 @@ def chatty(n: int) -> int:
 def sleepy(seconds: float) -> dict[str, bool]:
     time.sleep(seconds)
     return {"woke": True}
+
+
+def pid_after(seconds: float) -> int:
+    time.sleep(seconds)
+    return os.getpid()
 
 
 def segfault() -> None:
@@ -510,6 +515,45 @@ def test_an_idle_workers_claim_is_made_by_its_job_process_which_runs_what_it_lea
     assert not by_parent & {*lone, *burst[:2]}
     ids = [c.id for c in claimed]  # (and every call was started once)
     assert set(lone + burst) <= set(ids) and len(ids) == len(set(ids)) == 10
+
+
+def test_a_job_process_carries_the_claim_on_from_one_lone_call_to_the_next(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given an idle one-slot worker on a plane close by, its job process making its claim
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("chain", dispatch=producer)
+    leased = parent_claims(monkeypatch, worker_dp)
+    with worker(worker_dp, "chain", max_idle_wait=0.5, prefetch=0) as (w, _):
+        idle_with_a_claiming_child(w, q)
+        handed = counting_calls(w, "_claim_in_child", monkeypatch)
+        before = len(leased)
+        # When calls come one at a time
+        for i in range(10):
+            assert q.result(q.submit(square, i), timeout=60) == i * i
+        # Then the job process made each next claim as its job ended: the fetcher handed
+        # it none (it still waits on the claim it handed over first), the parent made none
+        assert handed == [] and leased[before:] == []
+        # When a call prints (the parent reports it: the chain ends there)
+        assert q.result(q.submit(chatty, 1), timeout=60) == 1
+        for i in range(3):
+            assert q.result(q.submit(square, i), timeout=60) == i * i
+        # Then the fetcher handed its claim to the job process once more, and from there
+        # the chain went on
+        wait_for(lambda: len(handed) == 1)
+        assert leased[before:] == []
+        # When the worker grows a slot while the chain holds the fetcher's claim (one
+        # call a claim: no prefetch), and two calls come at once
+        w.set_concurrency(2)
+        wait_for(lambda: len(w._slots) == 2)
+        with dls.batch():
+            two = [q.submit(pid_after, 0.5), q.submit(pid_after, 0.5)]
+        # Then each ran in a slot of its own (the new slot was not left idle while the
+        # chain went on in the first)
+        pids = [q.result(inv, timeout=60) for inv in two]
+        assert len(set(pids)) == 2
+        wait_for(lambda: w.completed == 17)
 
 
 @pytest.mark.parametrize("stop", ["first", "cold"])

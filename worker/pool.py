@@ -242,6 +242,8 @@ class ProcessWorker:
         #: on its lock: the fetcher's many notifications (a slot freed, a claim taken, a
         #: delegated claim answered: several a job) do not wake it for nothing
         self._outcomes = threading.Condition(lock)
+        #: what the fetcher waits on while a job process makes its claim (the answer)
+        self._answered = threading.Condition(lock)
         self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
         self.completed = 0
 
@@ -279,6 +281,7 @@ class ProcessWorker:
             self._spawn(slot)
             self._slots.append(slot)
         if grew:
+            self._end_chain()  # (the fetcher claims for the new slots)
             with self._cv:
                 self._cv.notify_all()  # free slots, for the fetcher
         for slot in list(self._slots):
@@ -352,6 +355,7 @@ class ProcessWorker:
             with self._cv:
                 self._cv.notify_all()
                 self._outcomes.notify_all()
+                self._answered.notify_all()
             for t in threads:
                 t.join(timeout=5)
             for slot in self._slots:
@@ -443,9 +447,10 @@ class ProcessWorker:
             self._delegated = job
         self._wake()
         with self._cv:
-            # The main loop answers it: the child's word, its death, or a stop.
+            # The main loop answers it: the child's word, its death, or a stop (a
+            # chain of lone jobs, see _chain, may keep it open for a while).
             while not job.done and not self._beat_stop.is_set():
-                self._cv.wait(1.0)
+                self._answered.wait(1.0)
         return job
 
     def _delegate(self) -> None:
@@ -471,6 +476,50 @@ class ProcessWorker:
         except (OSError, ValueError):
             self._died(slot)
 
+    def _chain(self, slot: _Slot, *, reported: bool) -> None:
+        """The lone job a job process leased for the fetcher's delegated claim has
+        ended: if the child completed it itself and nothing else goes on, the same child
+        makes the worker's next claim at once, for the delegation the fetcher still
+        waits on (a lone call's path then skips the hand-over to the fetcher and back:
+        two thread wake-ups and the wake pipe's, a job). Anything else ends the chain:
+        the delegation is answered (nothing more leased) and the fetcher carries on."""
+        with self._cv:
+            job = self._delegated
+            if job is None or job.slot is not slot or slot.claiming:
+                return
+            room = self.concurrency + self._buffer_target() - self.running - len(self._ready)
+            if not (
+                reported
+                and room > 0
+                and self.queues
+                and not self._stopping.is_set()
+                and self._may_delegate()
+                and self._can_claim(slot)
+            ):
+                self._answer_delegation(slot, [], None)
+                return
+            job.limit = min(room, 500)
+        alone = self._alone(slot)
+        with self._lock:
+            slot.claiming = True
+        try:
+            slot.conn.send(
+                ("claim", list(self.queues), self.worker_id, job.limit, job.wait,
+                 self.lease_seconds, alone)
+            )  # fmt: skip
+        except (OSError, ValueError):
+            self._died(slot)
+
+    def _end_chain(self, slot: _Slot | None = None) -> None:
+        """A job holds the fetcher's delegation open (see :meth:`_chain`) and its child
+        is gone or going (``slot``), or the worker has new slots (any slot): answer it,
+        nothing more leased, so the fetcher carries on."""
+        with self._cv:
+            job = self._delegated
+            holder = None if job is None else job.slot
+            if holder is not None and not holder.claiming and (slot is None or slot is holder):
+                self._answer_delegation(holder, [], None)
+
     @staticmethod
     def _can_claim(slot: _Slot) -> bool:
         """Whether the slot's child may make the worker's claim: alive and idle."""
@@ -494,7 +543,7 @@ class ProcessWorker:
             return
         job.claims, job.error, job.done = claims, error, True
         self._delegated = None
-        self._cv.notify_all()
+        self._answered.notify_all()
 
     def _claimed_in_child(
         self, slot: _Slot, claims: list[Claim], error: str | None, runs: bool
@@ -512,7 +561,12 @@ class ProcessWorker:
         if claims and runs:
             self._begin(slot, claims[0])
         with self._cv:
-            self._answer_delegation(slot, claims if error is None else None, error)
+            job = self._delegated
+            # One job, run by the child, and no other slot free: the delegation stays
+            # open, and the job's end may carry the claim on (see _chain).
+            chained = job is not None and job.slot is slot and runs and len(claims) == 1
+            if not chained or self._has_free_slot():
+                self._answer_delegation(slot, claims if error is None else None, error)
         if claims and runs and self._on_claimed is not None:
             self._on_claimed(claims[0])
 
@@ -733,6 +787,7 @@ class ProcessWorker:
     def _retire(self, slot: _Slot) -> None:
         if slot.proc is None:
             return
+        self._end_chain(slot)
         with contextlib.suppress(OSError, ValueError):
             slot.conn.send(("stop",))
         slot.proc.join(timeout=2)
@@ -894,6 +949,7 @@ class ProcessWorker:
             if slot.recycle and slot.claim is None:
                 self._retire(slot)
                 self._spawn(slot)
+            self._chain(slot, reported=reported)
 
     def _skip_answered(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         """The child's answer about a claim taken back from behind a running job."""
@@ -929,6 +985,7 @@ class ProcessWorker:
 
     def _died(self, slot: _Slot) -> None:
         """The child is gone: report its job as the reason says, then respawn it."""
+        self._end_chain(slot)
         code = None
         if slot.proc is not None:
             slot.proc.join(timeout=5)  # its pipe can close before it is reaped
