@@ -54,6 +54,13 @@ def sleepy(seconds: float) -> dict[str, bool]:
     return {"woke": True}
 
 
+def until_exists(path: str) -> dict[str, str]:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"path": path}
+
+
 def pid_after(seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
@@ -554,6 +561,53 @@ def test_a_job_process_carries_the_claim_on_from_one_lone_call_to_the_next(
         pids = [q.result(inv, timeout=60) for inv in two]
         assert len(set(pids)) == 2
         wait_for(lambda: w.completed == 17)
+
+
+def test_a_slot_that_frees_while_another_runs_a_long_job_takes_the_next_call(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Given a two-slot worker on a plane close by (its job processes make its claims),
+    # running two calls that end when told, each in a slot, the second claimed by the
+    # job process of the slot that was idle while the first ran
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("two-slots", dispatch=producer)
+    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    with worker(worker_dp, "two-slots", concurrency=2, max_idle_wait=0.5) as (w, _):
+        idle_with_a_claiming_child(w, q)
+        a = q.submit(until_exists, first)
+        wait_for(lambda: q.status(a) == "running")
+        wait_for(lambda: any(s.claiming for s in w._slots))
+        b = q.submit(until_exists, second)
+        wait_for(lambda: q.status(b) == "running")
+        # When the first ends, and a call comes while the second still runs
+        Path(first).touch()
+        assert q.result(a, timeout=60) == {"path": first}
+        try:
+            # Then the freed slot takes it (it waited for the second to end before)
+            assert q.result(q.submit(square, 7), timeout=20) == 49
+            assert q.status(b) == "running"
+        finally:
+            Path(second).touch()
+        assert q.result(b, timeout=60) == {"path": second}
+
+
+def test_a_child_recycled_after_its_jobs_is_replaced_once(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker whose job processes are replaced every two jobs
+    q = dls.SyncQueue("recycled", dispatch=dp)
+    with worker(dp, "recycled", max_jobs_per_child=2) as (w, _):
+        died = counting_calls(w, "_died", monkeypatch)
+        spawned = counting_calls(w, "_spawn", monkeypatch)
+        # When six calls come one at a time
+        for i in range(6):
+            assert q.result(q.submit(square, i), timeout=60) == i * i
+        # Then each replacement was a retirement and one spawn: the new child was not
+        # taken for dead (the old pipe, closed, was read again after the recycle, and a
+        # healthy child was joined for 5 s and spawned anew)
+        wait_for(lambda: len(spawned) >= 3)
+        assert died == [] and len(spawned) == 3
 
 
 @pytest.mark.parametrize("stop", ["first", "cold"])

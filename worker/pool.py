@@ -562,10 +562,12 @@ class ProcessWorker:
             self._begin(slot, claims[0])
         with self._cv:
             job = self._delegated
-            # One job, run by the child, and no other slot free: the delegation stays
-            # open, and the job's end may carry the claim on (see _chain).
+            # One job, run by the child of the worker's only slot: the delegation stays
+            # open, and the job's end may carry the claim on (see _chain). With more
+            # slots it is answered: a slot that frees meanwhile needs the fetcher (and
+            # a job sent while others ran was not the child's to complete: no chain).
             chained = job is not None and job.slot is slot and runs and len(claims) == 1
-            if not chained or self._has_free_slot():
+            if not chained or len(self._slots) > 1:
                 self._answer_delegation(slot, claims if error is None else None, error)
         if claims and runs and self._on_claimed is not None:
             self._on_claimed(claims[0])
@@ -908,10 +910,12 @@ class ProcessWorker:
         """Handle every message waiting on the slot's pipe (a closed pipe: it died)."""
         conn: Any = slot.conn
         try:
-            while conn.poll():
+            # (a message may retire the child and spawn another: its pipe is new then)
+            while slot.conn is conn and conn.poll():
                 self._message(slot, conn.recv())
         except (EOFError, OSError):
-            self._died(slot)
+            if slot.conn is conn:
+                self._died(slot)
 
     def _message(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
