@@ -83,8 +83,10 @@ _YIELD_SECONDS = 0.005
 #: jobs (its first completion opens a connection of its own to the plane)
 _REPORTS_AFTER = 16
 #: ... and only while reporting takes at most this long (seconds, a running average): a
-#: plane on this machine or the LAN, not one across the internet
-_REPORT_HERE_SECONDS = 0.001
+#: plane on this machine or the LAN, not one across the internet or behind a gateway
+#: (``lakeshore dev``, AWS: tens of ms). At 1 ms a busy 2-core machine's own server
+#: turned it off run by run (its reports took 1-2 ms)
+_REPORT_HERE_SECONDS = 0.005
 #: buffered claims no slot could start for this long (seconds) go back to the plane
 _BUFFER_MAX_WAIT = 1.0
 #: a job process making the worker's claim asks the plane for at most this long at a
