@@ -33,6 +33,7 @@ from dreamlake.lakeshore.plane import (
     State,
     Submission,
 )
+from dreamlake.lakeshore.plane import workers as workers_module
 from dreamlake.lakeshore.plane.changes import PARKED_LOOK
 from dreamlake.lakeshore.stores import SqliteStore
 
@@ -1378,6 +1379,83 @@ def test_a_submit_wakes_as_many_claim_waits_as_records_and_a_wake_is_passed_on(
     for t in threads:
         t.join(3)
     assert sorted(woke) == ["a", "b"]
+
+
+def looking(plane: Plane, monkeypatch: pytest.MonkeyPatch, who: str) -> tuple[Any, Any]:
+    """Hold the claim of thread ``who`` in the middle of its look at the store: returns
+    the events (it is looking, let it go on)."""
+    inside, go = threading.Event(), threading.Event()
+    real = plane._claim_now
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == who:
+            inside.set()
+            assert go.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plane, "_claim_now", held)
+    return inside, go
+
+
+def test_a_submit_during_a_claims_look_leaves_its_wake_to_that_claim(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claim asleep, and another in the middle of its look at an empty queue
+    got: dict[str, list[Claim]] = {}
+
+    def claim(name: str) -> None:
+        got[name] = plane.claim([QUEUE], name, wait=10)
+
+    sleeper = threading.Thread(target=claim, args=("sleeper",), name="sleeper")
+    sleeper.start()
+    waiting(plane.changes, 1)
+    inside, go = looking(plane, monkeypatch, "looker")
+    looker = threading.Thread(target=claim, args=("looker",), name="looker")
+    looker.start()
+    assert inside.wait(10)
+    # When a call is submitted meanwhile
+    submit(plane)
+    # Then the sleeping claim is not woken (it would only race the looker for it)
+    assert len(plane.changes._work._waiters) == 1
+    # and the looker, done with its look, sees the change and takes the call
+    go.set()
+    looker.join(10)
+    assert [c.id for c in got["looker"]] == ["job-1"]
+    assert len(plane.changes._work._waiters) == 1
+    submit(plane, "job-2")
+    sleeper.join(10)
+    assert [c.id for c in got["sleeper"]] == ["job-2"]
+
+
+def test_a_claim_that_took_other_work_passes_on_the_wake_left_to_it(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claim asleep on one queue (its naps long: only a wake brings it back), and
+    # a claim in the middle of its look at another queue, which holds a call
+    monkeypatch.setattr(workers_module, "LOOK_AGAIN", 60.0)
+    plane.ensure_queue(QueueSpec("other"))
+    submit(plane, "other-1", queue="other")
+    got: dict[str, list[Claim]] = {}
+
+    def claim(name: str, queues: list[str]) -> None:
+        got[name] = plane.claim(queues, name, wait=30)
+
+    sleeper = threading.Thread(target=claim, args=("sleeper", [QUEUE]), name="sleeper")
+    sleeper.start()
+    waiting(plane.changes, 1)
+    inside, go = looking(plane, monkeypatch, "looker")
+    looker = threading.Thread(target=claim, args=("looker", ["other"]), name="looker")
+    looker.start()
+    assert inside.wait(10)
+    # When a call is submitted to the sleeper's queue meanwhile (its wake left to the
+    # looker), and the looker's look takes the call it found
+    submit(plane)
+    go.set()
+    looker.join(10)
+    assert [c.id for c in got["looker"]] == ["other-1"]
+    # Then the looker passed the wake on: the sleeper takes the new call now
+    sleeper.join(10)
+    assert not sleeper.is_alive() and [c.id for c in got["sleeper"]] == ["job-1"]
 
 
 def test_a_claim_on_another_queue_than_the_submit_still_gets_its_work(plane: Plane) -> None:

@@ -32,7 +32,7 @@ from typing import Any
 from .model import FINISHED, Invocation
 from .store import Store, WatchesWrites, WriteSignal
 
-__all__ = ["Changes", "Park", "Watch", "due_watches"]
+__all__ = ["Changes", "Look", "Park", "Watch", "due_watches"]
 
 Callback = Callable[[Invocation], None]
 
@@ -66,6 +66,21 @@ def due_watches(
         if rec.state in FINISHED:
             due.extend((entry, rec) for entry in take(rec.id) if entry.due(rec))
     return due
+
+
+class Look:
+    """A blocking claim's look at the store, from :meth:`Changes.look` to
+    :meth:`Changes.looked`: a submit made meanwhile may leave its wake to it (it will see
+    the new generation and look again instead of a sleeping claim being woken to race
+    it), and it owes that wake on if it does not look again."""
+
+    __slots__ = ("generation", "owes")
+
+    def __init__(self, generation: int) -> None:
+        #: the generation when the look began (what the claim waits past)
+        self.generation = generation
+        #: a submit made during the look left one of its wakes to it
+        self.owes = False
 
 
 @dataclass(frozen=True)
@@ -176,6 +191,8 @@ class Changes:
         self._nap = threading.Condition(lock)
         self._generation = 0
         self._waiters = 0
+        #: blocking claims looking at the store now (see :class:`Look`)
+        self._looks: list[Look] = []
         #: claim waiters that a finish may unblock (capped queues)
         self._finish_waiters = 0
         #: finishes seen so far (what :meth:`wait_finish` waits on), and its waiters
@@ -213,9 +230,43 @@ class Changes:
             if waiters is None:
                 self._work.notify_all()
             else:
-                self._work.notify(waiters)
+                # A claim looking now sees the change when it is done and looks again:
+                # it takes the wake a sleeping one would have had (woken, that one would
+                # only race it, and the loser look for nothing).
+                left = waiters
+                for look in self._looks:
+                    if left == 0:
+                        break
+                    if not look.owes:
+                        look.owes = True
+                        left -= 1
+                if left:
+                    self._work.notify(left)
             self._stir()
         self._tell(waiters, frozenset(queues))
+
+    def look(self) -> Look | None:
+        """A blocking claim begins a look at the store (None while parking: a parked
+        claim's wakes come from its holder, see :meth:`subscribe`)."""
+        if self._parking.on:
+            return None
+        with self._cond:
+            look = Look(self._generation)
+            self._looks.append(look)
+        return look
+
+    def looked(self, look: Look | None) -> None:
+        """The look is done and the claim will not wait (it took work, its time is up,
+        it failed): a wake left to it goes to a sleeping claim. (A claim that waits
+        hands its look to :meth:`wait`, which looks again for a wake left to it.)"""
+        if look is None:
+            return
+        with self._cond:
+            if look not in self._looks:
+                return  # (a wait ended it, then failed)
+            self._looks.remove(look)
+            if look.owes and self._waiters:
+                self._work.notify(1)
 
     def _stir(self) -> None:
         """A write made here (lock held): the poller keeps, or takes up again, its pace."""
@@ -240,6 +291,7 @@ class Changes:
         queues: Iterable[str] = (),
         parked: float | None = None,
         finish_since: int | None = None,
+        look: Look | None = None,
     ) -> bool:
         """Block until something changed after generation ``since``, or ``timeout``.
 
@@ -250,6 +302,8 @@ class Changes:
         parking: nothing was waited for, and the caller answers now; ``parked`` is then
         the park's timeout instead of ``timeout``. With ``finishes``, ``finish_since`` is
         the finish count read before the caller looked: a finish since is a change.
+        ``look`` is the caller's :class:`Look`, ended here as the wait begins (a wake left
+        to it is a change since ``since``: the caller looks again at once).
         """
         since_finish = finish_since if finishes else None
         if self._parking.on:
@@ -266,6 +320,8 @@ class Changes:
             )
 
         with self._cond:
+            if look is not None:
+                self._looks.remove(look)
             if moved():
                 return True
             self._count("generation", finishes, 1)

@@ -48,38 +48,46 @@ class WorkerOps(PlaneBase):
         while True:
             if self._changes.closed:
                 return []  # the plane is closing: answer empty, promptly
-            generation = self._changes.generation
-            finishes = self._changes.finishes
-            looked_at = self.clock.now()
-            self.maybe_sweep()
-            capped: list[bool] = []
-            claims = self._claim_now(
-                queues, worker, limit, lease_seconds or self.lease_seconds, capped
-            )
-            if not claims and seen is not None and generation != seen:
-                self._changes.pass_on()  # woken for work that is not ours: wake another
-            seen = generation
-            remaining = deadline - time.monotonic()
-            if claims or remaining <= 0 or (should_stop is not None and should_stop()):
-                if claims:
-                    self._changes.took(c.queue for c in claims)
-                return claims
-            # Looked at again when scheduled work comes due; a blocking wait also every
-            # LOOK_AGAIN seconds (its claims are what sweep expired leases), a parked
-            # one not: its holder sweeps while claims are parked (PlaneASGI), so an
-            # idle worker costs the plane nothing until work arrives. A capped queue may
-            # have work held back by its cap: a finish frees a slot.
-            due = min(remaining, self._next_due_in(queues, looked_at))
-            if not self._changes.wait(
-                generation,
-                min(due, LOOK_AGAIN),
-                finishes=any(capped),
-                until=deadline,
-                queues=queues,
-                parked=due,
-                finish_since=finishes,
-            ):
-                return claims  # parked: the event loop holding the request asks again
+            # (a blocking claim's look lasts until its wait begins: see Changes.look)
+            look = self._changes.look() if wait > 0 else None
+            try:
+                generation = self._changes.generation if look is None else look.generation
+                finishes = self._changes.finishes
+                looked_at = self.clock.now()
+                self.maybe_sweep()
+                capped: list[bool] = []
+                claims = self._claim_now(
+                    queues, worker, limit, lease_seconds or self.lease_seconds, capped
+                )
+                if not claims and seen is not None and generation != seen:
+                    self._changes.pass_on()  # woken for work that is not ours: wake another
+                seen = generation
+                remaining = deadline - time.monotonic()
+                if claims or remaining <= 0 or (should_stop is not None and should_stop()):
+                    if claims:
+                        self._changes.took(c.queue for c in claims)
+                    return claims
+                # Looked at again when scheduled work comes due; a blocking wait also
+                # every LOOK_AGAIN seconds (its claims are what sweep expired leases), a
+                # parked one not: its holder sweeps while claims are parked (PlaneASGI),
+                # so an idle worker costs the plane nothing until work arrives. A capped
+                # queue may have work held back by its cap: a finish frees a slot.
+                due = min(remaining, self._next_due_in(queues, looked_at))
+                waited = self._changes.wait(
+                    generation,
+                    min(due, LOOK_AGAIN),
+                    finishes=any(capped),
+                    until=deadline,
+                    queues=queues,
+                    parked=due,
+                    finish_since=finishes,
+                    look=look,
+                )
+                look = None  # (the wait ended it)
+                if not waited:
+                    return claims  # parked: the event loop holding the request asks again
+            finally:
+                self._changes.looked(look)
 
     def _next_due_in(self, queues: Sequence[str], looked_at: float) -> float:
         """Seconds until the earliest invocation of ``queues`` that was not due at
