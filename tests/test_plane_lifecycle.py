@@ -1458,6 +1458,50 @@ def test_a_claim_that_took_other_work_passes_on_the_wake_left_to_it(
     assert not sleeper.is_alive() and [c.id for c in got["sleeper"]] == ["job-1"]
 
 
+@pytest.mark.parametrize("looker_queue", [QUEUE, "other"])
+def test_a_claim_whose_next_look_takes_other_work_passes_on_the_wake_it_owed(
+    plane: Plane, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, looker_queue: str
+) -> None:
+    # Given a call delayed on the looker's queue, a claim asleep on "jobs" (its naps
+    # long: only a wake brings it back), and a claim held just after a look that found
+    # nothing
+    monkeypatch.setattr(workers_module, "LOOK_AGAIN", 60.0)
+    plane.ensure_queue(QueueSpec("other"))
+    submit(plane, "early", queue=looker_queue, delay=50)
+    got: dict[str, list[Claim]] = {}
+
+    def claim(name: str, queues: list[str]) -> None:
+        got[name] = plane.claim(queues, name, wait=30)
+
+    sleeper = threading.Thread(target=claim, args=("sleeper", [QUEUE]), name="sleeper")
+    sleeper.start()
+    waiting(plane.changes, 1)
+    looked, go = threading.Event(), threading.Event()
+    real = plane._claim_now
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        found = real(*args, **kwargs)
+        if threading.current_thread().name == "looker" and not looked.is_set():
+            looked.set()
+            assert go.wait(10)
+        return found
+
+    monkeypatch.setattr(plane, "_claim_now", held)
+    looker = threading.Thread(target=claim, args=("looker", [looker_queue]), name="looker")
+    looker.start()
+    assert looked.wait(10)
+    # When the delayed call comes due, and a call to "jobs" is submitted during the look
+    # (its wake left to the looker), whose next look takes the call that came due
+    clock.advance(100)
+    submit(plane)
+    go.set()
+    looker.join(10)
+    assert [c.id for c in got["looker"]] == ["early"]
+    # Then the wake it owed went on to the sleeper, which takes the new call now
+    sleeper.join(10)
+    assert not sleeper.is_alive() and [c.id for c in got["sleeper"]] == ["job-1"]
+
+
 def test_a_claim_on_another_queue_than_the_submit_still_gets_its_work(plane: Plane) -> None:
     # a wait on "other", asleep first, takes the one wake of a submit to "jobs": it
     # finds nothing there and passes it on

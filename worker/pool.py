@@ -466,6 +466,11 @@ class ProcessWorker:
             with self._cv:
                 self._answer_delegation(None, None, None)
             return
+        self._send_claim(slot, job)
+
+    def _send_claim(self, slot: _Slot, job: _Delegation) -> None:
+        """Have ``slot``'s child make the delegated claim ``job`` (its word comes back as a
+        ``claimed`` message)."""
         alone = self._alone(slot)
         with self._lock:
             slot.claiming = True
@@ -501,16 +506,7 @@ class ProcessWorker:
                 self._answer_delegation(slot, [], None)
                 return
             job.limit = min(room, 500)
-        alone = self._alone(slot)
-        with self._lock:
-            slot.claiming = True
-        try:
-            slot.conn.send(
-                ("claim", list(self.queues), self.worker_id, job.limit, job.wait,
-                 self.lease_seconds, alone)
-            )  # fmt: skip
-        except (OSError, ValueError):
-            self._died(slot)
+        self._send_claim(slot, job)
 
     def _end_chain(self, slot: _Slot | None = None) -> None:
         """A job holds the fetcher's delegation open (see :meth:`_chain`) and its child

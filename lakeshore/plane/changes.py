@@ -69,18 +69,20 @@ def due_watches(
 
 
 class Look:
-    """A blocking claim's look at the store, from :meth:`Changes.look` to
-    :meth:`Changes.looked`: a submit made meanwhile may leave its wake to it (it will see
-    the new generation and look again instead of a sleeping claim being woken to race
-    it), and it owes that wake on if it does not look again."""
+    """A blocking claim's look at the store, from :meth:`Changes.look` to its wait
+    (:meth:`Changes.wait`) or its end (:meth:`Changes.looked`): a submit made meanwhile
+    may leave one of its wakes to it (the claim sees the new generation as its wait
+    begins and looks again, instead of a sleeping claim being woken to race it). The
+    claim's next look then owes that wake: unless it takes one of that submit's records,
+    it wakes a sleeping claim (it may have taken other work, or none of its queues')."""
 
     __slots__ = ("generation", "owes")
 
-    def __init__(self, generation: int) -> None:
+    def __init__(self, generation: int, owes: frozenset[str] | None = None) -> None:
         #: the generation when the look began (what the claim waits past)
         self.generation = generation
-        #: a submit made during the look left one of its wakes to it
-        self.owes = False
+        #: the ids of the submit that left a wake to this look, or to the one before it
+        self.owes = owes
 
 
 @dataclass(frozen=True)
@@ -218,13 +220,19 @@ class Changes:
     def generation(self) -> int:
         return self._generation
 
-    def notify(self, waiters: int | None = None, queues: Iterable[str] = ()) -> None:
+    def notify(
+        self,
+        waiters: int | None = None,
+        queues: Iterable[str] = (),
+        ids: Iterable[str] | None = None,
+    ) -> None:
         """A change: new work, or anything a claim wait may be waiting for. With
         ``waiters`` (a submit of that many records) only that many claim waits are woken
         at once; one that finds nothing for it passes the wake on (:meth:`pass_on`), so
         one new job does not wake every idle worker of the process to look for it.
         ``queues`` names the queues the new work is on, when known (subscribers use it
-        to wake only parked claims on them)."""
+        to wake only parked claims on them); ``ids``, the new records' ids, lets a claim
+        looking at the store now take a wake (see :class:`Look`)."""
         with self._cond:
             self._generation += 1
             if waiters is None:
@@ -234,38 +242,41 @@ class Changes:
                 # it takes the wake a sleeping one would have had (woken, that one would
                 # only race it, and the loser look for nothing).
                 left = waiters
-                for look in self._looks:
+                owed = None if ids is None else frozenset(ids)
+                for look in self._looks if owed else ():
                     if left == 0:
                         break
-                    if not look.owes:
-                        look.owes = True
+                    if look.owes is None:
+                        look.owes = owed
                         left -= 1
                 if left:
                     self._work.notify(left)
             self._stir()
         self._tell(waiters, frozenset(queues))
 
-    def look(self) -> Look | None:
+    def look(self, owes: frozenset[str] | None = None) -> Look | None:
         """A blocking claim begins a look at the store (None while parking: a parked
-        claim's wakes come from its holder, see :meth:`subscribe`)."""
+        claim's wakes come from its holder, see :meth:`subscribe`); ``owes``: the wake
+        its last look took (what :meth:`wait` answered)."""
         if self._parking.on:
             return None
         with self._cond:
-            look = Look(self._generation)
+            look = Look(self._generation, owes)
             self._looks.append(look)
         return look
 
-    def looked(self, look: Look | None) -> None:
-        """The look is done and the claim will not wait (it took work, its time is up,
-        it failed): a wake left to it goes to a sleeping claim. (A claim that waits
-        hands its look to :meth:`wait`, which looks again for a wake left to it.)"""
+    def looked(self, look: Look | None, took: Iterable[str] = ()) -> None:
+        """The look is done and the claim will not wait (it took the records ``took``,
+        its time is up, it failed): a wake left to it goes to a sleeping claim, unless
+        it took one of that submit's records. (A claim that waits hands its look to
+        :meth:`wait` instead.)"""
         if look is None:
             return
         with self._cond:
             if look not in self._looks:
                 return  # (a wait ended it, then failed)
             self._looks.remove(look)
-            if look.owes and self._waiters:
+            if look.owes is not None and look.owes.isdisjoint(took) and self._waiters:
                 self._work.notify(1)
 
     def _stir(self) -> None:
@@ -274,10 +285,13 @@ class Changes:
         if self._slow:
             self._nap.notify_all()
 
-    def pass_on(self) -> None:
+    def pass_on(self, look: Look | None = None) -> None:
         """A woken claim wait found nothing (its queues had no new work): wake the next
-        waiter that has not seen the change yet (one that has goes back to sleep)."""
+        waiter that has not seen the change yet (one that has goes back to sleep). With
+        the claim's ``look``: a wake the look owed is this one (see :class:`Look`)."""
         with self._cond:
+            if look is not None:
+                look.owes = None
             if self._waiters:
                 self._work.notify(1)
 
@@ -302,8 +316,10 @@ class Changes:
         parking: nothing was waited for, and the caller answers now; ``parked`` is then
         the park's timeout instead of ``timeout``. With ``finishes``, ``finish_since`` is
         the finish count read before the caller looked: a finish since is a change.
-        ``look`` is the caller's :class:`Look`, ended here as the wait begins (a wake left
-        to it is a change since ``since``: the caller looks again at once).
+        ``look`` is the caller's :class:`Look`, ended here as the wait begins: a wake
+        left to it is a change since ``since``, and the caller looks again at once, its
+        next look owing the wake (``look.owes``, read after this returns). A look that
+        found nothing is owed nothing more: its claim passed a wake on (:meth:`pass_on`).
         """
         since_finish = finish_since if finishes else None
         if self._parking.on:

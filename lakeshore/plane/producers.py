@@ -44,7 +44,7 @@ class ProducerOps(PlaneBase):
         existing = self.store.insert_many(invs)
         for name in specs:
             self._touch(name, now)
-        self._changes.notify(len(invs), specs)
+        self._changes.notify(len(invs), specs, [inv.id for inv in invs])
         for inv, found in zip(invs, existing, strict=True):
             if found is not None and found.request_digest != inv.request_digest:
                 raise IdempotencyConflict(f"invocation {inv.id!r} exists with a different request")

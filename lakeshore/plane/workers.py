@@ -45,11 +45,12 @@ class WorkerOps(PlaneBase):
             raise InvalidRequest("claim limit must be at least 1")
         deadline = time.monotonic() + max(0.0, wait)
         seen: int | None = None
+        owed: frozenset[str] | None = None  # (a wake the last look took: see Look)
         while True:
             if self._changes.closed:
                 return []  # the plane is closing: answer empty, promptly
             # (a blocking claim's look lasts until its wait begins: see Changes.look)
-            look = self._changes.look() if wait > 0 else None
+            look = self._changes.look(owed) if wait > 0 else None
             try:
                 generation = self._changes.generation if look is None else look.generation
                 finishes = self._changes.finishes
@@ -60,12 +61,14 @@ class WorkerOps(PlaneBase):
                     queues, worker, limit, lease_seconds or self.lease_seconds, capped
                 )
                 if not claims and seen is not None and generation != seen:
-                    self._changes.pass_on()  # woken for work that is not ours: wake another
+                    self._changes.pass_on(look)  # woken for work not ours: wake another
                 seen = generation
                 remaining = deadline - time.monotonic()
                 if claims or remaining <= 0 or (should_stop is not None and should_stop()):
                     if claims:
                         self._changes.took(c.queue for c in claims)
+                    self._changes.looked(look, [c.id for c in claims])
+                    look = None
                     return claims
                 # Looked at again when scheduled work comes due; a blocking wait also
                 # every LOOK_AGAIN seconds (its claims are what sweep expired leases), a
@@ -83,6 +86,7 @@ class WorkerOps(PlaneBase):
                     finish_since=finishes,
                     look=look,
                 )
+                owed = None if look is None else look.owes
                 look = None  # (the wait ended it)
                 if not waited:
                     return claims  # parked: the event loop holding the request asks again
