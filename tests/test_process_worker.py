@@ -3,6 +3,7 @@ crash-proof, with output and progress reported to the plane."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing
 import os
@@ -54,16 +55,35 @@ def sleepy(seconds: float) -> dict[str, bool]:
     return {"woke": True}
 
 
-def until_exists(path: str) -> dict[str, str]:
-    deadline = time.monotonic() + 60
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return {"path": path}
+def _told(fifo: str) -> None:
+    """Block until the test tells (:func:`tell`): a writer opens the FIFO and closes it."""
+    with open(fifo, "rb") as told:
+        told.read()
 
 
-def pid_after(seconds: float) -> int:
-    time.sleep(seconds)
+def until_told(fifo: str) -> dict[str, str]:
+    _told(fifo)
+    return {"path": fifo}
+
+
+def pid_when_told(fifo: str) -> int:
+    _told(fifo)
     return os.getpid()
+
+
+def a_fifo(path: Path) -> str:
+    os.mkfifo(path)
+    return str(path)
+
+
+def tell(fifo: str, *, if_waiting: bool = False) -> None:
+    """End the job waiting on ``fifo`` (its open is waited for: it runs already); with
+    ``if_waiting``, only if it has it open now (a test that failed before it ran)."""
+    if not if_waiting:
+        with open(fifo, "wb"):
+            return
+    with contextlib.suppress(OSError):  # (ENXIO: nobody reads it)
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
 
 
 def segfault() -> None:
@@ -525,7 +545,7 @@ def test_an_idle_workers_claim_is_made_by_its_job_process_which_runs_what_it_lea
 
 
 def test_a_job_process_carries_the_claim_on_from_one_lone_call_to_the_next(
-    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Given an idle one-slot worker on a plane close by, its job process making its claim
     monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
@@ -542,7 +562,10 @@ def test_a_job_process_carries_the_claim_on_from_one_lone_call_to_the_next(
         # Then the job process made each next claim as its job ended: the fetcher handed
         # it none (it still waits on the claim it handed over first), the parent made none
         assert handed == [] and leased[before:] == []
-        # When a call prints (the parent reports it: the chain ends there)
+        # When a call prints (the parent reports it: the chain ends there), the claims
+        # handed over from then on waiting long (no empty answer ends the chain)
+        monkeypatch.setattr(pool, "_CLAIM_WAIT_CAP", 30.0)
+        w.max_idle_wait = 30.0
         assert q.result(q.submit(chatty, 1), timeout=60) == 1
         for i in range(3):
             assert q.result(q.submit(square, i), timeout=60) == i * i
@@ -554,10 +577,19 @@ def test_a_job_process_carries_the_claim_on_from_one_lone_call_to_the_next(
         # call a claim: no prefetch), and two calls come at once
         w.set_concurrency(2)
         wait_for(lambda: len(w._slots) == 2)
+        fifos = [a_fifo(tmp_path / "one"), a_fifo(tmp_path / "two")]
         with dls.batch():
-            two = [q.submit(pid_after, 0.5), q.submit(pid_after, 0.5)]
-        # Then each ran in a slot of its own (the new slot was not left idle while the
-        # chain went on in the first)
+            two = [q.submit(pid_when_told, fifo) for fifo in fifos]
+        # Then they run side by side, each in a slot of its own (the new slot was not
+        # left idle while the chain went on in the first)
+        try:
+            wait_for(lambda: all(q.status(inv) == "running" for inv in two))
+        except BaseException:
+            for fifo in fifos:
+                tell(fifo, if_waiting=True)
+            raise
+        for fifo in fifos:
+            tell(fifo)
         pids = [q.result(inv, timeout=60) for inv in two]
         assert len(set(pids)) == 2
         wait_for(lambda: w.completed == 17)
@@ -572,23 +604,25 @@ def test_a_slot_that_frees_while_another_runs_a_long_job_takes_the_next_call(
     monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
     producer, worker_dp = remote
     q = dls.SyncQueue("two-slots", dispatch=producer)
-    first, second = str(tmp_path / "first"), str(tmp_path / "second")
+    first, second = a_fifo(tmp_path / "first"), a_fifo(tmp_path / "second")
     with worker(worker_dp, "two-slots", concurrency=2, max_idle_wait=0.5) as (w, _):
         idle_with_a_claiming_child(w, q)
-        a = q.submit(until_exists, first)
+        a = q.submit(until_told, first)
         wait_for(lambda: q.status(a) == "running")
         wait_for(lambda: any(s.claiming for s in w._slots))
-        b = q.submit(until_exists, second)
+        b = q.submit(until_told, second)
         wait_for(lambda: q.status(b) == "running")
         # When the first ends, and a call comes while the second still runs
-        Path(first).touch()
+        tell(first)
         assert q.result(a, timeout=60) == {"path": first}
         try:
             # Then the freed slot takes it (it waited for the second to end before)
             assert q.result(q.submit(square, 7), timeout=20) == 49
             assert q.status(b) == "running"
-        finally:
-            Path(second).touch()
+        except BaseException:
+            tell(second, if_waiting=True)
+            raise
+        tell(second)
         assert q.result(b, timeout=60) == {"path": second}
 
 
