@@ -1381,20 +1381,41 @@ def test_a_submit_wakes_as_many_claim_waits_as_records_and_a_wake_is_passed_on(
     assert sorted(woke) == ["a", "b"]
 
 
-def looking(plane: Plane, monkeypatch: pytest.MonkeyPatch, who: str) -> tuple[Any, Any]:
-    """Hold the claim of thread ``who`` in the middle of its look at the store: returns
-    the events (it is looking, let it go on)."""
+def looking(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, who: str, *, after: bool = False
+) -> tuple[Any, Any]:
+    """Hold the first look at the store of thread ``who``'s claim, before it reads (or
+    ``after``): returns the events (it is held, let it go on)."""
     inside, go = threading.Event(), threading.Event()
     real = plane._claim_now
 
     def held(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name == who:
+        first = threading.current_thread().name == who and not inside.is_set()
+        if first and not after:
             inside.set()
             assert go.wait(10)
-        return real(*args, **kwargs)
+        found = real(*args, **kwargs)
+        if first and after:
+            inside.set()
+            assert go.wait(10)
+        return found
 
     monkeypatch.setattr(plane, "_claim_now", held)
     return inside, go
+
+
+def claiming(
+    plane: Plane, got: dict[str, list[Claim]], name: str, queues: list[str]
+) -> threading.Thread:
+    """A thread named ``name`` making a blocking claim on ``queues`` (up to 30 s), its
+    answer into ``got[name]``; started."""
+
+    def claim() -> None:
+        got[name] = plane.claim(queues, name, wait=30)
+
+    thread = threading.Thread(target=claim, name=name)
+    thread.start()
+    return thread
 
 
 def test_a_submit_during_a_claims_look_leaves_its_wake_to_that_claim(
@@ -1402,16 +1423,10 @@ def test_a_submit_during_a_claims_look_leaves_its_wake_to_that_claim(
 ) -> None:
     # Given a claim asleep, and another in the middle of its look at an empty queue
     got: dict[str, list[Claim]] = {}
-
-    def claim(name: str) -> None:
-        got[name] = plane.claim([QUEUE], name, wait=10)
-
-    sleeper = threading.Thread(target=claim, args=("sleeper",), name="sleeper")
-    sleeper.start()
+    sleeper = claiming(plane, got, "sleeper", [QUEUE])
     waiting(plane.changes, 1)
     inside, go = looking(plane, monkeypatch, "looker")
-    looker = threading.Thread(target=claim, args=("looker",), name="looker")
-    looker.start()
+    looker = claiming(plane, got, "looker", [QUEUE])
     assert inside.wait(10)
     # When a call is submitted meanwhile
     submit(plane)
@@ -1436,16 +1451,10 @@ def test_a_claim_that_took_other_work_passes_on_the_wake_left_to_it(
     plane.ensure_queue(QueueSpec("other"))
     submit(plane, "other-1", queue="other")
     got: dict[str, list[Claim]] = {}
-
-    def claim(name: str, queues: list[str]) -> None:
-        got[name] = plane.claim(queues, name, wait=30)
-
-    sleeper = threading.Thread(target=claim, args=("sleeper", [QUEUE]), name="sleeper")
-    sleeper.start()
+    sleeper = claiming(plane, got, "sleeper", [QUEUE])
     waiting(plane.changes, 1)
     inside, go = looking(plane, monkeypatch, "looker")
-    looker = threading.Thread(target=claim, args=("looker", ["other"]), name="looker")
-    looker.start()
+    looker = claiming(plane, got, "looker", ["other"])
     assert inside.wait(10)
     # When a call is submitted to the sleeper's queue meanwhile (its wake left to the
     # looker), and the looker's look takes the call it found
@@ -1469,26 +1478,10 @@ def test_a_claim_whose_next_look_takes_other_work_passes_on_the_wake_it_owed(
     plane.ensure_queue(QueueSpec("other"))
     submit(plane, "early", queue=looker_queue, delay=50)
     got: dict[str, list[Claim]] = {}
-
-    def claim(name: str, queues: list[str]) -> None:
-        got[name] = plane.claim(queues, name, wait=30)
-
-    sleeper = threading.Thread(target=claim, args=("sleeper", [QUEUE]), name="sleeper")
-    sleeper.start()
+    sleeper = claiming(plane, got, "sleeper", [QUEUE])
     waiting(plane.changes, 1)
-    looked, go = threading.Event(), threading.Event()
-    real = plane._claim_now
-
-    def held(*args: Any, **kwargs: Any) -> Any:
-        found = real(*args, **kwargs)
-        if threading.current_thread().name == "looker" and not looked.is_set():
-            looked.set()
-            assert go.wait(10)
-        return found
-
-    monkeypatch.setattr(plane, "_claim_now", held)
-    looker = threading.Thread(target=claim, args=("looker", [looker_queue]), name="looker")
-    looker.start()
+    looked, go = looking(plane, monkeypatch, "looker", after=True)
+    looker = claiming(plane, got, "looker", [looker_queue])
     assert looked.wait(10)
     # When the delayed call comes due, and a call to "jobs" is submitted during the look
     # (its wake left to the looker), whose next look takes the call that came due

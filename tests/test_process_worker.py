@@ -396,6 +396,16 @@ def remote(served: LocalServer) -> Iterator[tuple[dls.Dispatch, dls.Dispatch]]:
         yield producer, worker_dp
 
 
+@pytest.fixture
+def nearby(
+    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+) -> tuple[dls.Dispatch, dls.Dispatch]:
+    """``remote``, its plane taken as close by however loaded the machine: job processes
+    complete lone jobs and make the worker's claims (the report bound is generous)."""
+    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
+    return remote
+
+
 def parent_reports(monkeypatch: pytest.MonkeyPatch, dp: dls.Dispatch) -> list[list[str]]:
     """The ids the worker's own process completes on the plane, call by call."""
     sent: list[list[str]] = []
@@ -454,12 +464,11 @@ def _switches(thread: threading.Thread) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads /proc (Linux)")
 def test_the_reporter_sleeps_while_job_processes_complete_their_jobs(
-    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+    nearby: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a process worker whose job processes complete lone jobs themselves (its
     # reporter has nothing to send), warmed up
-    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
-    producer, worker_dp = remote
+    producer, worker_dp = nearby
     q = dls.SyncQueue("quiet", dispatch=producer)
     sent = parent_reports(monkeypatch, worker_dp)
     with worker(worker_dp, "quiet") as (w, _):
@@ -514,12 +523,11 @@ def parked_in_a_job_process(
 
 
 def test_an_idle_workers_claim_is_made_by_its_job_process_which_runs_what_it_leased(
-    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
+    nearby: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given an idle process worker on a plane close by (its job processes complete lone
     # jobs: the bound is generous here, a loaded test machine is slow), with two slots
-    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
-    producer, worker_dp = remote
+    producer, worker_dp = nearby
     q = dls.SyncQueue("selfclaim", dispatch=producer)
     leased = parent_claims(monkeypatch, worker_dp)
     with worker(worker_dp, "selfclaim", concurrency=2, max_idle_wait=0.5) as (w, claimed):
@@ -545,11 +553,10 @@ def test_an_idle_workers_claim_is_made_by_its_job_process_which_runs_what_it_lea
 
 
 def test_a_job_process_carries_the_claim_on_from_one_lone_call_to_the_next(
-    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    nearby: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Given an idle one-slot worker on a plane close by, its job process making its claim
-    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
-    producer, worker_dp = remote
+    producer, worker_dp = nearby
     q = dls.SyncQueue("chain", dispatch=producer)
     leased = parent_claims(monkeypatch, worker_dp)
     with worker(worker_dp, "chain", max_idle_wait=0.5, prefetch=0) as (w, _):
@@ -596,13 +603,12 @@ def test_a_job_process_carries_the_claim_on_from_one_lone_call_to_the_next(
 
 
 def test_a_slot_that_frees_while_another_runs_a_long_job_takes_the_next_call(
-    remote: tuple[dls.Dispatch, dls.Dispatch], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    nearby: tuple[dls.Dispatch, dls.Dispatch], tmp_path: Path
 ) -> None:
     # Given a two-slot worker on a plane close by (its job processes make its claims),
     # running two calls that end when told, each in a slot, the second claimed by the
     # job process of the slot that was idle while the first ran
-    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
-    producer, worker_dp = remote
+    producer, worker_dp = nearby
     q = dls.SyncQueue("two-slots", dispatch=producer)
     first, second = a_fifo(tmp_path / "first"), a_fifo(tmp_path / "second")
     with worker(worker_dp, "two-slots", concurrency=2, max_idle_wait=0.5) as (w, _):
@@ -769,13 +775,12 @@ def test_a_job_process_killed_while_it_claims_is_replaced_and_the_worker_carries
 
 @pytest.mark.parametrize(("job", "reason"), [(segfault, "SIGSEGV"), (hard_exit, "exit code 3")])
 def test_a_job_its_own_job_process_claimed_that_crashes_fails_and_the_worker_carries_on(
-    remote: tuple[dls.Dispatch, dls.Dispatch],
+    nearby: tuple[dls.Dispatch, dls.Dispatch],
     monkeypatch: pytest.MonkeyPatch,
     job: Callable[[], None],
     reason: str,
 ) -> None:
-    monkeypatch.setattr(pool, "_REPORT_HERE_SECONDS", 10.0)
-    producer, worker_dp = remote
+    producer, worker_dp = nearby
     q = dls.SyncQueue("crashself", dispatch=producer)
     leased = parent_claims(monkeypatch, worker_dp)
     with worker(worker_dp, "crashself", max_idle_wait=0.5) as (w, _):

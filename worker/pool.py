@@ -276,6 +276,10 @@ class ProcessWorker:
         per_slot = int(_PREFETCH_SECONDS / max(seconds, 1e-4))
         return min(self.prefetch, per_slot * self.concurrency)
 
+    def _room(self) -> int:
+        """Claims the worker may take now: its free slots and buffer (``_cv`` held)."""
+        return self.concurrency + self._buffer_target() - self.running - len(self._ready)
+
     def _resize(self) -> None:
         grew = len(self._slots) < self.concurrency
         while len(self._slots) < self.concurrency:
@@ -373,7 +377,7 @@ class ProcessWorker:
         dry = False  # the last claim came back short: the queues had no more then
         while not self._stopping.is_set():
             with self._cv:
-                room = self.concurrency + self._buffer_target() - self.running - len(self._ready)
+                room = self._room()
                 free = self._has_free_slot()
                 # Every slot busy: the buffer takes only work already queued (a claim
                 # waiting on the plane would take the next call from an idle worker),
@@ -494,7 +498,7 @@ class ProcessWorker:
             job = self._delegated
             if job is None or job.slot is not slot or slot.claiming:
                 return
-            room = self.concurrency + self._buffer_target() - self.running - len(self._ready)
+            room = self._room()
             if not (
                 reported
                 and room > 0
@@ -564,8 +568,8 @@ class ProcessWorker:
             # open, and the job's end may carry the claim on (see _chain). With more
             # slots it is answered: a slot that frees meanwhile needs the fetcher (and
             # a job sent while others ran was not the child's to complete: no chain).
-            chained = job is not None and job.slot is slot and runs and len(claims) == 1
-            if not chained or len(self._slots) > 1:
+            held = job is not None and job.slot is slot and runs and len(claims) == 1
+            if not held or len(self._slots) > 1:
                 self._answer_delegation(slot, claims if error is None else None, error)
         if claims and runs and self._on_claimed is not None:
             self._on_claimed(claims[0])

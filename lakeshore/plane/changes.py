@@ -242,13 +242,13 @@ class Changes:
                 # it takes the wake a sleeping one would have had (woken, that one would
                 # only race it, and the loser look for nothing).
                 left = waiters
-                owed = None if ids is None else frozenset(ids)
-                for look in self._looks if owed else ():
-                    if left == 0:
-                        break
-                    if look.owes is None:
-                        look.owes = owed
-                        left -= 1
+                if ids is not None and self._looks:
+                    owed = frozenset(ids)
+                    for look in self._looks:
+                        if left == 0:
+                            break
+                        if look.owes is None:
+                            look.owes, left = owed, left - 1
                 if left:
                     self._work.notify(left)
             self._stir()
