@@ -203,9 +203,9 @@ class _Checkpointer:
                     db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.Error:
                     continue  # (the file went away, or is being replaced): look again later
-                with contextlib.suppress(FileNotFoundError):
-                    after = os.stat(self._wal)
-                    seen = (after.st_size, after.st_mtime_ns)
+                # The log as it was before: a commit that ended during the checkpoint
+                # (which copied none of it) changes it, and the next look copies that.
+                seen = (st.st_size, st.st_mtime_ns)
         finally:
             if db is not None:
                 db.close()
