@@ -69,23 +69,25 @@ _cache: dict[tuple[int, str], tuple[float, TokenRecord]] = {}
 _cache_lock = threading.Lock()
 
 
-def _token_record(plane: Plane, token_id: str) -> TokenRecord | None:
+def _token_record(plane: Plane, token_id: str) -> tuple[TokenRecord | None, float]:
     """The token's record, read at most once a second per plane and token: a token
     revoked elsewhere (another server process, another Lambda) is refused within
-    :data:`TOKEN_CACHE_SECONDS`; one revoked through this process at once (:func:`forget`)."""
+    :data:`TOKEN_CACHE_SECONDS`; one revoked through this process at once (:func:`forget`).
+    With it, until when the record read is used again (now: not kept)."""
     key = (id(plane), token_id)
     now = time.monotonic()
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None and hit[0] > now:
-        return hit[1]
+        return hit[1], hit[0]
     record = plane.store.get_token(token_id)
-    if record is not None:
-        with _cache_lock:
-            if len(_cache) > 10_000:
-                _cache.clear()
-            _cache[key] = (now + TOKEN_CACHE_SECONDS, record)
-    return record
+    if record is None:
+        return None, now
+    with _cache_lock:
+        if len(_cache) > 10_000:
+            _cache.clear()
+        _cache[key] = (now + TOKEN_CACHE_SECONDS, record)
+    return record, now + TOKEN_CACHE_SECONDS
 
 
 def revoke(plane: Plane, token_id: str) -> bool:
@@ -106,6 +108,8 @@ def forget(plane: Plane, token_id: str) -> None:
     """Drop a cached token record (its token was just revoked or changed)."""
     with _cache_lock:
         _cache.pop((id(plane), token_id), None)
+        _callers.clear()
+        _forgets[0] += 1
 
 
 def _hash(secret: str) -> str:
@@ -143,19 +147,37 @@ def bootstrap_admin(plane: Plane) -> str | None:
     return secret
 
 
+#: the callers of headers checked lately, by plane and header, as long as their token's
+#: record is kept (a hit is a secret that matched that record: no hash again)
+_callers: dict[tuple[int, str], tuple[float, Identity]] = {}
+#: how many times :func:`forget` ran (a caller checked across one is not kept)
+_forgets = [0]
+
+
 def authenticate(plane: Plane, authorization: str | None) -> Identity:
     """The caller of an ``Authorization: Bearer ...`` header, or :class:`Unauthorized`."""
+    key = (id(plane), authorization or "")
+    forgets = _forgets[0]
+    hit = _callers.get(key)
+    if hit is not None and hit[0] > time.monotonic():
+        return hit[1]
     if not authorization:
         raise Unauthorized("missing bearer token (Authorization: Bearer lks_...)")
     scheme, _, token = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not token.startswith(_PREFIX):
         raise Unauthorized("malformed bearer token")
     token_id, _, secret = token[len(_PREFIX) :].partition("_")
-    record = _token_record(plane, token_id) if token_id and secret else None
+    record, until = _token_record(plane, token_id) if token_id and secret else (None, 0.0)
     # Compare even when the id is unknown, so timing does not tell ids apart.
     expected = record.secret_hash if record is not None else _hash("")
     if not hmac.compare_digest(expected, _hash(secret)) or record is None:
         raise Unauthorized("unknown or wrong token")
     if record.revoked_at is not None:
         raise Unauthorized("this token was revoked")
-    return Identity(token_id=record.id, role=record.role, queues=tuple(record.queues))
+    ident = Identity(token_id=record.id, role=record.role, queues=tuple(record.queues))
+    with _cache_lock:
+        if len(_callers) > 10_000:
+            _callers.clear()
+        if _forgets[0] == forgets:
+            _callers[key] = (until, ident)
+    return ident

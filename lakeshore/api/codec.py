@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
 from collections.abc import Mapping
@@ -45,6 +46,7 @@ def _media(value: str | None) -> str:
     return (value or "").split(";")[0].strip().lower()
 
 
+@functools.lru_cache(maxsize=256)
 def pick_type(content_type: str | None, accept: str | None) -> str:
     """The content type of the answer."""
     for candidate in (_media(a) for a in (accept or "").split(",")):
@@ -65,27 +67,33 @@ def _check_text(text: str) -> None:
         raise InvalidRequest("strings must be valid Unicode (no lone surrogates)") from None
 
 
-def _depth(value: Any, level: int = 0) -> None:
-    """Reject what no store can hold: deep nesting, non-string keys, lone surrogates,
-    integers past 64 bits and non-finite floats."""
-    if level > _MAX_DEPTH:
+def _check(value: Any, texts: bool, level: int = 0) -> None:
+    """Reject what no store can hold: deep nesting, non-string keys, integers past 64
+    bits, non-finite floats and (``texts``: a JSON body; msgpack's UTF-8 decoding
+    refuses them already) strings with lone surrogates. ``value`` is a map or a list."""
+    if level >= _MAX_DEPTH and (level > _MAX_DEPTH or value):  # (its items are one deeper)
         raise InvalidRequest(f"body nests deeper than {_MAX_DEPTH} levels")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if not isinstance(k, str):
+    if type(value) is dict:
+        for k in value:
+            if type(k) is not str:
                 raise InvalidRequest("map keys must be strings")
-            _check_text(k)
-            _depth(v, level + 1)
-    elif isinstance(value, list):
-        for v in value:
-            _depth(v, level + 1)
-    elif isinstance(value, str):
-        _check_text(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        if abs(value) >= _INT_LIMIT:
-            raise InvalidRequest("integers must fit in 64 bits")
-    elif isinstance(value, float) and not math.isfinite(value):
-        raise InvalidRequest("numbers must be finite")
+            if texts:
+                _check_text(k)
+        items: Any = value.values()
+    else:
+        items = value
+    for v in items:
+        t = type(v)
+        if t is dict or t is list:
+            _check(v, texts, level + 1)
+        elif t is str:
+            if texts:
+                _check_text(v)
+        elif t is int:
+            if not -_INT_LIMIT < v < _INT_LIMIT:
+                raise InvalidRequest("integers must fit in 64 bits")
+        elif t is float and not math.isfinite(v):
+            raise InvalidRequest("numbers must be finite")
 
 
 def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[str, Any]:
@@ -111,7 +119,7 @@ def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[st
         raise InvalidRequest("body nests too deeply") from None
     if not isinstance(value, dict):
         raise InvalidRequest("body must be a map")
-    _depth(value)
+    _check(value, texts=media not in (MSGPACK, "application/x-msgpack"))
     return value
 
 

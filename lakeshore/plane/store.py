@@ -271,9 +271,25 @@ class WakeObjects(Protocol):
         ...
 
 
+def _has(store: Any, capability: type) -> bool:
+    """Whether ``store`` has an optional capability: a runtime check of a protocol
+    costs ~30 us, so its answer is kept by the store's class (but a wrapper's, whose
+    attributes are another store's)."""
+    key = (type(store), capability)
+    found = _capabilities.get(key)
+    if found is None:
+        found = isinstance(store, capability)
+        if not hasattr(type(store), "__getattr__"):
+            _capabilities[key] = found
+    return found
+
+
+_capabilities: dict[tuple[type, type], bool] = {}
+
+
 def wake_objects(store: Any) -> WakeObjects | None:
     """``store`` if it has the :class:`WakeObjects` capability, else None."""
-    return store if isinstance(store, WakeObjects) else None
+    return store if _has(store, WakeObjects) else None
 
 
 @runtime_checkable
@@ -308,9 +324,9 @@ class BlobWriter(Protocol):
 
 def blob_home(store: Any) -> tuple[str, str] | None:
     """Where ``store`` keeps its blob files and their directory's id, if it does."""
-    return store.blob_home() if isinstance(store, BlobHome) else None
+    return store.blob_home() if _has(store, BlobHome) else None
 
 
 def blob_writer(store: Any, digest: str) -> BlobWriter | None:
     """A writer of one blob's file in ``store``, if it keeps blobs as files."""
-    return store.blob_writer(digest) if isinstance(store, BlobHome) else None
+    return store.blob_writer(digest) if _has(store, BlobHome) else None
