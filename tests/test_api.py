@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -172,6 +173,45 @@ def test_a_revoked_token_is_401(api: Api) -> None:
     assert api.admin.call("DELETE", f"/v1/tokens/{made['id']}").body == {"revoked": True}
     ans = Client(api.app, made["token"]).call("GET", "/v1/hello")
     assert (ans.status, ans.body["error"]["message"]) == (401, "this token was revoked")
+
+
+def test_a_token_used_then_revoked_is_401_at_once_and_a_wrong_secret_stays_401(
+    api: Api,
+) -> None:
+    # Given a token that was just used (its caller is kept for the next requests)
+    made = api.admin.call("POST", "/v1/tokens", {"role": "producer"}).body
+    user = Client(api.app, made["token"])
+    assert user.call("GET", "/v1/hello").status == 200
+    # Then the same id with another secret is still refused
+    forged = made["token"][:-1] + ("y" if made["token"][-1] != "y" else "z")
+    assert Client(api.app, forged).call("GET", "/v1/hello").status == 401
+    # And once revoked through this process it is refused at once
+    assert api.admin.call("DELETE", f"/v1/tokens/{made['id']}").body == {"revoked": True}
+    ans = user.call("GET", "/v1/hello")
+    assert (ans.status, ans.body["error"]["message"]) == (401, "this token was revoked")
+
+
+def test_a_token_revoked_by_another_process_is_401_once_its_record_is_read_again(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dreamlake.lakeshore.api import auth
+
+    # Given a token in use, whose record is kept a moment
+    monkeypatch.setattr(auth, "TOKEN_CACHE_SECONDS", 0.05)
+    made = api.admin.call("POST", "/v1/tokens", {"role": "producer"}).body
+    user = Client(api.app, made["token"])
+    assert user.call("GET", "/v1/hello").status == 200
+    # When another process revokes it in the store (this one is not told)
+    rec = api.plane.store.get_token(made["id"])
+    assert rec is not None
+    rec.revoked_at = api.plane.now()
+    api.plane.store.put_token(rec)
+    # Then once the record kept is stale, the caller kept with it goes too
+    deadline = time.monotonic() + 5
+    while user.call("GET", "/v1/hello").status == 200:
+        assert time.monotonic() < deadline, "the revoked token was still accepted"
+        time.sleep(0.01)
+    assert user.call("GET", "/v1/hello").status == 401
 
 
 def test_a_producer_cannot_claim_and_a_worker_cannot_submit(api: Api) -> None:
@@ -523,6 +563,16 @@ BAD_BODIES = [
     (b"x" * 70_000, MP, "over the"),
     (b"<xml/>", "text/xml", "content type"),
     (json.dumps({"a": _nested(40)}).encode(), JS, "nests"),
+    (msgpack.packb({"a": _nested(40)}), MP, "nests"),
+    (msgpack.packb({"invocations": [{"queue": "q", "ref": "m:f", "priority": 2**63}]}), MP, "64"),
+    (
+        msgpack.packb({"invocations": [{"queue": "q", "ref": "m:f", "delay": float("nan")}]}),
+        MP,
+        "finite",
+    ),
+    (msgpack.packb({"invocations": [{"queue": "q", b"k": 2}]}), MP, "map keys must be strings"),
+    (b"\x81\xa1a\xa3\xed\xa0\x80", MP, "malformed body"),  # a lone surrogate's UTF-8
+    (b'{"a": "\\ud800"}', JS, "Unicode"),
 ]
 
 
