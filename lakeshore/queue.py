@@ -322,18 +322,32 @@ class _QueueHandle:
         fut: asyncio.Future[Invocation] = loop.create_future()
         inbox = _LoopInbox.of(loop)
         unwatch = self.dispatch.transport.watch([inv_id], lambda rec: inbox.put(fut, rec))
+        # A timer on the future, not asyncio.wait_for (a task a wait: in a gather of
+        # thousands, a good part of the producer's CPU)
+        timer = None if timeout is None else loop.call_later(max(0.0, timeout), _expire, fut)
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
+            return await fut
+        except _Expired:
             raise TimeoutError(
                 f"invocation {inv_id!r} did not finish within {timeout}s (it keeps going)"
             ) from None
         finally:
+            if timer is not None:
+                timer.cancel()
             unwatch()
 
     def _status(self, inv_id: str) -> str:
         transport = self.dispatch.transport
         return transport.get(inv_id).public_state(transport.now()).value
+
+
+class _Expired(Exception):
+    """A result wait's time ran out (raised into its future by its timer)."""
+
+
+def _expire(fut: asyncio.Future[Invocation]) -> None:
+    if not fut.done():
+        fut.set_exception(_Expired())
 
 
 class _LoopInbox:

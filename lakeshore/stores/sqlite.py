@@ -145,14 +145,50 @@ def _to_column(name: str, value: Any) -> Any:
     return value
 
 
+def _update_sql(
+    expect: Mapping[str, Any],
+    changes: Mapping[str, Any],
+    finishes: bool,
+    running_below: int | None,
+    deadline_after: float | None,
+) -> str:
+    """The statement of an :meth:`SqliteStore.update_if` of this shape (kept by shape:
+    the fields changed and expected, which expected ones are null, the conditions)."""
+    unknown = (set(expect) | set(changes)) - _COLUMN_SET
+    if unknown:
+        raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
+    sets = ", ".join(f"{c} = ?" for c in changes)
+    if finishes:
+        sets += f", finish_seq = {_NEXT_FINISH}"
+    where = ["id = ?"]
+    where.extend(f"{c} IS NULL" if v is None else f"{c} = ?" for c, v in expect.items())
+    if running_below is not None:
+        where.append(
+            "(SELECT count(*) FROM invocations AS r"
+            " WHERE r.queue = invocations.queue AND r.state = 'running') < ?"
+        )
+    if deadline_after is not None:
+        where.append("(timeout IS NULL OR started_at + timeout > ?)")
+    return f"UPDATE invocations SET {sets} WHERE {' AND '.join(where)} RETURNING {_SELECT}"
+
+
+#: update statements by shape (see _update_sql)
+_UPDATES: dict[tuple[Any, ...], str] = {}
+
+
+_STATE, _RETRY, _ERROR = (_COLUMNS.index(c) for c in ("state", "retry", "error"))
+_STATES = {str(s): s for s in State}
+
+
 def _from_row(row: Sequence[Any]) -> Invocation:
-    values = dict(zip(_COLUMNS, row, strict=True))
-    values["state"] = State(values["state"])
-    if values["retry"] is not None:
-        values["retry"] = RetryPolicy(**_unpack(values["retry"]))
-    if values["error"] is not None:
-        values["error"] = _unpack(values["error"])
-    return Invocation(**values)
+    # (positional: the columns are the record's fields in order; a few µs a row)
+    values = list(row)
+    values[_STATE] = _STATES[values[_STATE]]
+    if values[_RETRY] is not None:
+        values[_RETRY] = RetryPolicy(**_unpack(values[_RETRY]))
+    if values[_ERROR] is not None:
+        values[_ERROR] = _unpack(values[_ERROR])
+    return Invocation(*values)
 
 
 def _spec_to_blob(spec: QueueSpec) -> bytes:
@@ -525,31 +561,26 @@ class SqliteStore:
         running_below: int | None = None,
         deadline_after: float | None = None,
     ) -> Invocation | None:
-        unknown = (set(expect) | set(changes)) - _COLUMN_SET
-        if unknown:
-            raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
-        sets = ", ".join(f"{c} = ?" for c in changes)
-        if changes.get("state") in FINISHED:
-            sets += f", finish_seq = {_NEXT_FINISH}"
+        finishes = changes.get("state") in FINISHED
+        shape = (
+            tuple(changes),
+            finishes,
+            tuple((c, v is None) for c, v in expect.items()),
+            running_below is not None,
+            deadline_after is not None,
+        )
+        sql = _UPDATES.get(shape)
+        if sql is None:
+            sql = _update_sql(expect, changes, finishes, running_below, deadline_after)
+            if len(_UPDATES) < 1000:
+                _UPDATES[shape] = sql
         params: list[Any] = [_to_column(c, v) for c, v in changes.items()]
-        where = ["id = ?"]
         params.append(inv_id)
-        for c, v in expect.items():
-            if v is None:
-                where.append(f"{c} IS NULL")
-            else:
-                where.append(f"{c} = ?")
-                params.append(_to_column(c, v))
+        params.extend(_to_column(c, v) for c, v in expect.items() if v is not None)
         if running_below is not None:
-            where.append(
-                "(SELECT count(*) FROM invocations AS r"
-                " WHERE r.queue = invocations.queue AND r.state = 'running') < ?"
-            )
             params.append(running_below)
         if deadline_after is not None:
-            where.append("(timeout IS NULL OR started_at + timeout > ?)")
             params.append(deadline_after)
-        sql = f"UPDATE invocations SET {sets} WHERE {' AND '.join(where)} RETURNING {_SELECT}"
         with self._tx(single=True) as db:
             row = db.execute(sql, params).fetchone()
         return None if row is None else _from_row(row)
