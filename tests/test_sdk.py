@@ -579,6 +579,20 @@ def test_exception_class_missing_on_the_producer_is_a_remote_error(
     assert "explode" in remote.value.remote_traceback
 
 
+def test_a_finished_result_is_returned_with_no_time_to_wait_blocking_or_awaiting(
+    dispatch: dls.Dispatch, q: dls.SyncQueue, workers: Callable[..., Any]
+) -> None:
+    # Given a finished invocation
+    workers()
+    inv = q.submit(pow, 2, 5)
+    assert q.result(inv, timeout=WAIT) == 32
+    # When its result is asked for with no time to wait, blocking and awaiting
+    aq = dls.Queue(QUEUE, dispatch=dispatch)
+    # Then both return it (the record is there: nothing to wait for)
+    assert q.result(inv, timeout=0) == 32
+    assert asyncio.run(aq.result(inv, timeout=0)) == 32
+
+
 def test_result_timeout_leaves_the_invocation_going(
     dispatch: dls.Dispatch, q: dls.SyncQueue, workers: Callable[..., Any]
 ) -> None:
