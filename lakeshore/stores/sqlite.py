@@ -11,6 +11,7 @@ blobs as files in ``<plane file>.blobs/`` (written whole, then renamed into plac
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import secrets
 import sqlite3
@@ -145,35 +146,33 @@ def _to_column(name: str, value: Any) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=1024)
 def _update_sql(
-    expect: Mapping[str, Any],
-    changes: Mapping[str, Any],
+    changes: tuple[str, ...],
     finishes: bool,
-    running_below: int | None,
-    deadline_after: float | None,
+    expect: tuple[tuple[str, bool], ...],
+    capped: bool,
+    deadline: bool,
 ) -> str:
-    """The statement of an :meth:`SqliteStore.update_if` of this shape (kept by shape:
-    the fields changed and expected, which expected ones are null, the conditions)."""
-    unknown = (set(expect) | set(changes)) - _COLUMN_SET
+    """The statement of an :meth:`SqliteStore.update_if` of this shape (kept by it): the
+    fields it changes, whether it finishes the record, the fields it expects with
+    whether each is null, and whether it has a running cap and a deadline."""
+    unknown = ({c for c, _ in expect} | set(changes)) - _COLUMN_SET
     if unknown:
         raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
     sets = ", ".join(f"{c} = ?" for c in changes)
     if finishes:
         sets += f", finish_seq = {_NEXT_FINISH}"
     where = ["id = ?"]
-    where.extend(f"{c} IS NULL" if v is None else f"{c} = ?" for c, v in expect.items())
-    if running_below is not None:
+    where.extend(f"{c} IS NULL" if null else f"{c} = ?" for c, null in expect)
+    if capped:
         where.append(
             "(SELECT count(*) FROM invocations AS r"
             " WHERE r.queue = invocations.queue AND r.state = 'running') < ?"
         )
-    if deadline_after is not None:
+    if deadline:
         where.append("(timeout IS NULL OR started_at + timeout > ?)")
     return f"UPDATE invocations SET {sets} WHERE {' AND '.join(where)} RETURNING {_SELECT}"
-
-
-#: update statements by shape (see _update_sql)
-_UPDATES: dict[tuple[Any, ...], str] = {}
 
 
 _STATE, _RETRY, _ERROR = (_COLUMNS.index(c) for c in ("state", "retry", "error"))
@@ -561,19 +560,13 @@ class SqliteStore:
         running_below: int | None = None,
         deadline_after: float | None = None,
     ) -> Invocation | None:
-        finishes = changes.get("state") in FINISHED
-        shape = (
+        sql = _update_sql(
             tuple(changes),
-            finishes,
+            changes.get("state") in FINISHED,
             tuple((c, v is None) for c, v in expect.items()),
             running_below is not None,
             deadline_after is not None,
         )
-        sql = _UPDATES.get(shape)
-        if sql is None:
-            sql = _update_sql(expect, changes, finishes, running_below, deadline_after)
-            if len(_UPDATES) < 1000:
-                _UPDATES[shape] = sql
         params: list[Any] = [_to_column(c, v) for c, v in changes.items()]
         params.append(inv_id)
         params.extend(_to_column(c, v) for c, v in expect.items() if v is not None)
