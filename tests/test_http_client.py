@@ -698,7 +698,10 @@ def test_a_burst_of_watches_goes_out_in_a_poll_or_two(loopback: Any, client: Any
     started = time.monotonic()
     for inv_id in rest:
         t.watch([inv_id], lambda rec: None)
-        time.sleep(0)  # (lets the poller run)
+        # (gives up the GIL, as a gather's tasks do between their watches: without it
+        # this thread would hold it for the whole burst and the poller never run in it;
+        # no time is waited)
+        time.sleep(0)
     took = time.monotonic() - started
     # Then the poller waited for the burst to end (or 0.2 s at most) before polling
     # again: each poll a new watch cuts is one the plane answered in full, into a closed
