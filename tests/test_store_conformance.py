@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -398,6 +399,36 @@ def test_get_many_of_no_ids_is_empty(store: Store) -> None:
 # =======================================================================================
 # update_if: compare-and-set
 # =======================================================================================
+
+
+def test_a_lone_write_is_committed_by_itself_and_leaves_the_data_free_to_write(
+    store: Store, open_another: Opener
+) -> None:
+    # Given a second handle onto the same data (another process)
+    other = open_another()
+
+    def by_the_other(write: Callable[[], object]) -> None:
+        # (on a thread: a write left open on the first handle would hold this one)
+        done = threading.Event()
+        worker = threading.Thread(target=lambda: (write(), done.set()), daemon=True)
+        worker.start()
+        assert done.wait(timeout=10), "the other handle could not write"
+
+    # When the first handle makes each kind of lone write: an insert, an insert of one,
+    # a conditional update, a batch of one update
+    store.insert(record("a"))
+    store.insert_many([record("b")])
+    store.update_if("a", {"state": State.PENDING}, {"state": State.RUNNING, "worker": "w1"})
+    store.update_many_if([("b", {"state": State.PENDING}, {"worker": "w2"})])
+    # Then the other handle reads each at once, and can write straight after
+    a, b = store.get("a"), store.get("b")
+    assert a is not None and a.worker == "w1"
+    assert b is not None and b.worker == "w2"
+    assert (other.get("a"), other.get("b")) == (a, b)
+    by_the_other(lambda: other.insert(record("c")))
+    by_the_other(lambda: other.update_if("a", {"worker": "w1"}, {"worker": "w3"}))
+    assert store.get("c") is not None
+    assert store.get("a") == replace(a, worker="w3")
 
 
 def test_update_if_with_a_matching_expect_applies_and_returns_the_new_record(

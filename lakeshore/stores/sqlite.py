@@ -342,10 +342,15 @@ class SqliteStore:
     def _tx(self, *, single: bool = False) -> Iterator[sqlite3.Connection]:
         """A write transaction, taken at once (no lock upgrades, no deadlocks).
 
-        Inside :meth:`transaction` it is a savepoint of the enclosing transaction, or
-        nothing more with ``single`` (the block writes with one statement, which SQLite
-        applies whole or not at all: a savepoint around it would add two statements)."""
+        With ``single`` the block writes with one statement, which SQLite applies and
+        commits whole or not at all on its own: outside :meth:`transaction` it is that
+        statement alone (a ``BEGIN``/``COMMIT`` around it would add two), inside one it
+        is part of the enclosing transaction (no savepoint). Otherwise, inside
+        :meth:`transaction` it is a savepoint of the enclosing transaction."""
         with self._lock:
+            if single and not self._depth:
+                yield self._db
+                return
             if self._depth and not self._begun:
                 self._db.execute("BEGIN IMMEDIATE")  # the group's first write
                 self._begun = True
@@ -486,18 +491,22 @@ class SqliteStore:
         values = [_to_column(c, getattr(inv, c)) for c in _COLUMNS]
         marks = ", ".join("?" * len(_COLUMNS))
         seq = _NEXT_FINISH if inv.state in FINISHED else "NULL"
-        with self._tx(single=True) as db:  # (one write; the SELECT only reads)
-            cur = db.execute(
-                f"INSERT OR IGNORE INTO invocations ({_SELECT}, finish_seq)"
-                f" VALUES ({marks}, {seq})",
-                values,
-            )
-            if cur.rowcount == 1:
-                return None
-            row = db.execute(
-                f"SELECT {_SELECT} FROM invocations WHERE id = ?", (inv.id,)
-            ).fetchone()
-        return _from_row(row)
+        while True:
+            with self._tx(single=True) as db:  # (one write; the SELECT only reads)
+                cur = db.execute(
+                    f"INSERT OR IGNORE INTO invocations ({_SELECT}, finish_seq)"
+                    f" VALUES ({marks}, {seq})",
+                    values,
+                )
+                if cur.rowcount == 1:
+                    return None
+                row = db.execute(
+                    f"SELECT {_SELECT} FROM invocations WHERE id = ?", (inv.id,)
+                ).fetchone()
+            if row is not None:
+                return _from_row(row)
+            # (outside a transaction the record that stood in the way may have been
+            # purged between the two statements: the insert is tried again)
 
     def get(self, inv_id: str) -> Invocation | None:
         with self._lock:
@@ -575,10 +584,13 @@ class SqliteStore:
         if deadline_after is not None:
             params.append(deadline_after)
         with self._tx(single=True) as db:
-            row = db.execute(sql, params).fetchone()
-        return None if row is None else _from_row(row)
+            # (every row read: the statement ends, and on its own commits, here)
+            rows = db.execute(sql, params).fetchall()
+        return _from_row(rows[0]) if rows else None
 
     def insert_many(self, invs: Sequence[Invocation]) -> list[Invocation | None]:
+        if len(invs) == 1:
+            return [self.insert(invs[0])]  # (one statement: no transaction around it)
         with self.transaction():
             return [self.insert(inv) for inv in invs]
 
@@ -589,6 +601,12 @@ class SqliteStore:
         running_below: int | None = None,
         deadline_after: float | None = None,
     ) -> list[Invocation | None]:
+        if len(updates) == 1:  # (one statement: no transaction around it)
+            inv_id, expect, changes = updates[0]
+            one = self.update_if(
+                inv_id, expect, changes, running_below=running_below, deadline_after=deadline_after
+            )
+            return [one]
         with self.transaction():
             return [
                 self.update_if(
