@@ -1550,6 +1550,70 @@ def test_finished_since_a_cursor_is_exactly_what_finished_after_it(tmp_path: Pat
     other.close()
 
 
+def test_a_batch_of_finishes_takes_a_number_each_after_every_earlier_one(
+    tmp_path: Path,
+) -> None:
+    # (SQLite: a batch of updates of one shape is one statement; its finishes still take
+    # distinct numbers of the finish sequence, each above every number taken before)
+    s = SqliteStore(tmp_path / "plane.db")
+    ids = [f"r{n}" for n in range(6)]
+    s.insert_many([record(i, state=State.RUNNING, lease_token=f"t-{i}") for i in ids])
+    _finish(s, "r0")
+    cursor = s.finish_cursor()
+    done = {"state": State.SUCCEEDED, "finished_at": T0, "expires_at": T0 + 100}
+    # When one call finishes four of them, one with a lease that no longer holds
+    answers = s.update_many_if(
+        [(i, {"state": State.RUNNING, "lease_token": f"t-{i}"}, done) for i in ids[1:4]]
+        + [("r4", {"state": State.RUNNING, "lease_token": "stale"}, done)]
+    )
+    # Then the three that held finished, each with its own number above the cursor's
+    assert [a is not None for a in answers] == [True, True, True, False]
+    numbers = [
+        n
+        for (n,) in s._db.execute(
+            "SELECT finish_seq FROM invocations WHERE id IN ('r1', 'r2', 'r3')"
+        ).fetchall()
+    ]
+    assert len(set(numbers)) == 3 and min(numbers) > cursor
+    assert sorted(r.id for r in s.finished_since(ids, cursor)) == ["r1", "r2", "r3"]
+    # And a finish after the batch is found from a cursor taken after it, alone
+    after = s.finish_cursor()
+    _finish(s, "r5")
+    assert [r.id for r in s.finished_since(ids, after)] == ["r5"]
+    s.close()
+
+
+def test_a_batch_larger_than_one_statement_carries_applies_every_update(
+    tmp_path: Path,
+) -> None:
+    # (SQLite: a batch is cut into statements of at most 500 records, in one transaction)
+    s = SqliteStore(tmp_path / "plane.db")
+    ids = [f"r{n:04}" for n in range(1_201)]
+    s.insert_many([record(i) for i in ids])
+    # When one call leases all of them but one whose expected attempt is wrong
+    answers = s.update_many_if(
+        [
+            (
+                i,
+                {"state": State.PENDING, "attempt": 1 if i == "r0700" else 0},
+                {
+                    "state": State.RUNNING,
+                    "lease_token": f"t-{i}",
+                },
+            )
+            for i in ids
+        ]
+    )
+    # Then each answer is its own record, and every other one is leased
+    assert [a.id if a is not None else None for a in answers] == [
+        None if i == "r0700" else i for i in ids
+    ]
+    assert {r.id: r.lease_token for r in s.get_many(ids) if r.lease_token} == {
+        i: f"t-{i}" for i in ids if i != "r0700"
+    }
+    s.close()
+
+
 def test_a_group_takes_the_write_lock_at_its_first_write_not_before(tmp_path: Path) -> None:
     # (SQLite: a claim of many that finds nothing must not hold other processes' writes)
     import sqlite3

@@ -146,6 +146,12 @@ def _to_column(name: str, value: Any) -> Any:
     return value
 
 
+def _known_fields(changes: tuple[str, ...], expect: tuple[tuple[str, bool], ...]) -> None:
+    unknown = ({c for c, _ in expect} | set(changes)) - _COLUMN_SET
+    if unknown:
+        raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
+
+
 @functools.lru_cache(maxsize=1024)
 def _update_sql(
     changes: tuple[str, ...],
@@ -157,9 +163,7 @@ def _update_sql(
     """The statement of an :meth:`SqliteStore.update_if` of this shape (kept by it): the
     fields it changes, whether it finishes the record, the fields it expects with
     whether each is null, and whether it has a running cap and a deadline."""
-    unknown = ({c for c, _ in expect} | set(changes)) - _COLUMN_SET
-    if unknown:
-        raise ValueError(f"unknown invocation fields: {sorted(unknown)}")
+    _known_fields(changes, expect)
     sets = ", ".join(f"{c} = ?" for c in changes)
     if finishes:
         sets += f", finish_seq = {_NEXT_FINISH}"
@@ -173,6 +177,45 @@ def _update_sql(
     if deadline:
         where.append("(timeout IS NULL OR started_at + timeout > ?)")
     return f"UPDATE invocations SET {sets} WHERE {' AND '.join(where)} RETURNING {_SELECT}"
+
+
+#: the most records one batched update statement carries (each brings a few variables;
+#: SQLite allows 32,766 a statement)
+_BATCH_ROWS = 500
+
+
+@functools.lru_cache(maxsize=256)
+def _batch_update_sql(
+    changes: tuple[str, ...],
+    finishes: bool,
+    expect: tuple[tuple[str, bool], ...],
+    deadline: bool,
+    rows: int,
+) -> str:
+    """One statement that applies ``rows`` updates of one shape (as :func:`_update_sql`,
+    without a running cap), each on its own condition: ``UPDATE … FROM`` a table of
+    values, a row per record (its ordinal, id, new values, expected values)."""
+    _known_fields(changes, expect)
+    matched = [c for c, null in expect if not null]
+    names = ["n_", "id_"] + [f"c{i}" for i in range(len(changes))]
+    names += [f"e{i}" for i in range(len(matched))]
+    marks = "(" + ", ".join("?" * len(names)) + ")"
+    sets = ", ".join(f"{c} = v.c{i}" for i, c in enumerate(changes))
+    if finishes:
+        # (distinct and rising in the batch's order, above every number taken before)
+        sets += f", finish_seq = ({_LAST_FINISH}) + v.n_"
+    where = ["invocations.id = v.id_"]
+    where.extend(f"invocations.{c} IS NULL" for c, null in expect if null)
+    where.extend(f"invocations.{c} = v.e{i}" for i, c in enumerate(matched))
+    if deadline:
+        where.append(
+            "(invocations.timeout IS NULL OR invocations.started_at + invocations.timeout > ?)"
+        )
+    return (
+        f"WITH v({', '.join(names)}) AS (VALUES {', '.join([marks] * rows)})"
+        f" UPDATE invocations SET {sets} FROM v WHERE {' AND '.join(where)}"
+        f" RETURNING {_SELECT}"
+    )
 
 
 _STATE, _RETRY, _ERROR = (_COLUMNS.index(c) for c in ("state", "retry", "error"))
@@ -607,6 +650,10 @@ class SqliteStore:
                 inv_id, expect, changes, running_below=running_below, deadline_after=deadline_after
             )
             return [one]
+        if running_below is None and len({inv_id for inv_id, _, _ in updates}) == len(updates):
+            # (a running cap is checked record by record, as each lease counts against it;
+            # an id twice must see its first update: both go one statement at a time)
+            return self._update_batched(updates, deadline_after)
         with self.transaction():
             return [
                 self.update_if(
@@ -618,6 +665,46 @@ class SqliteStore:
                 )
                 for inv_id, expect, changes in updates
             ]
+
+    def _update_batched(
+        self,
+        updates: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]],
+        deadline_after: float | None,
+    ) -> list[Invocation | None]:
+        """:meth:`update_many_if` of distinct ids without a running cap: the updates of
+        each shape in one statement (per :data:`_BATCH_ROWS`), all in one transaction;
+        each record is still decided on its own condition."""
+        shapes: dict[tuple[Any, ...], list[int]] = {}
+        for k, (_, expect, changes) in enumerate(updates):
+            shape = (
+                tuple(changes),
+                changes.get("state") in FINISHED,
+                tuple((c, v is None) for c, v in expect.items()),
+            )
+            shapes.setdefault(shape, []).append(k)
+        done: dict[str, Invocation] = {}
+        with self.transaction():
+            for (changed, finishes, expected), members in shapes.items():
+                for start in range(0, len(members), _BATCH_ROWS):
+                    chunk = members[start : start + _BATCH_ROWS]
+                    sql = _batch_update_sql(
+                        changed, finishes, expected, deadline_after is not None, len(chunk)
+                    )
+                    params: list[Any] = []
+                    for n, k in enumerate(chunk, 1):
+                        inv_id, expect, changes = updates[k]
+                        params.append(n)
+                        params.append(inv_id)
+                        params.extend(_to_column(c, v) for c, v in changes.items())
+                        params.extend(_to_column(c, v) for c, v in expect.items() if v is not None)
+                    if deadline_after is not None:
+                        params.append(deadline_after)
+                    with self._tx(single=True) as db:
+                        rows = db.execute(sql, params).fetchall()
+                    for row in rows:
+                        rec = _from_row(row)
+                        done[rec.id] = rec
+        return [done.get(inv_id) for inv_id, _, _ in updates]
 
     def pending(self, queue: str, now: float, limit: int) -> list[Invocation]:
         with self._lock:
