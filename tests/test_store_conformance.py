@@ -1614,6 +1614,25 @@ def test_a_batch_larger_than_one_statement_carries_applies_every_update(
     s.close()
 
 
+def test_an_insert_of_more_than_one_statement_carries_answers_each_record(
+    tmp_path: Path,
+) -> None:
+    # (SQLite: new records go in statements of at most 500, in one transaction)
+    s = SqliteStore(tmp_path / "plane.db")
+    ids = [f"r{n:04}" for n in range(1_201)]
+    kept = [record("r0003", payload=b"first"), record("r0900", payload=b"first")]
+    s.insert_many(kept)
+    # When one call inserts all of them, two of which are stored already
+    answers = s.insert_many([record(i, payload=b"second") for i in ids])
+    # Then those two answer their stored records, unchanged, and every other one is new
+    assert [a for a in answers if a is not None] == kept
+    assert [n for n, a in enumerate(answers) if a is not None] == [3, 900]
+    assert {r.id: r.payload for r in s.get_many(ids)} == {
+        i: b"first" if i in ("r0003", "r0900") else b"second" for i in ids
+    }
+    s.close()
+
+
 def test_a_group_takes_the_write_lock_at_its_first_write_not_before(tmp_path: Path) -> None:
     # (SQLite: a claim of many that finds nothing must not hold other processes' writes)
     import sqlite3

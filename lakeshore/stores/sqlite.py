@@ -634,8 +634,27 @@ class SqliteStore:
     def insert_many(self, invs: Sequence[Invocation]) -> list[Invocation | None]:
         if len(invs) == 1:
             return [self.insert(invs[0])]  # (one statement: no transaction around it)
+        if any(inv.state in FINISHED for inv in invs) or len({i.id for i in invs}) < len(invs):
+            # (a finished record takes a number of the finish sequence; an id twice must
+            # find its first record: one statement each)
+            with self.transaction():
+                return [self.insert(inv) for inv in invs]
+        marks = "(" + ", ".join("?" * len(_COLUMNS)) + ")"
+        new: set[str] = set()
         with self.transaction():
-            return [self.insert(inv) for inv in invs]
+            for start in range(0, len(invs), _BATCH_ROWS):
+                chunk = invs[start : start + _BATCH_ROWS]
+                values = [_to_column(c, getattr(inv, c)) for inv in chunk for c in _COLUMNS]
+                with self._tx(single=True) as db:
+                    rows = db.execute(
+                        f"INSERT OR IGNORE INTO invocations ({_SELECT})"
+                        f" VALUES {', '.join([marks] * len(chunk))} RETURNING id",
+                        values,
+                    ).fetchall()
+                new.update(r[0] for r in rows)
+            # (the records that stood in the way, read in the same transaction)
+            held = {r.id: r for r in self.get_many([i.id for i in invs if i.id not in new])}
+        return [None if inv.id in new else held[inv.id] for inv in invs]
 
     def update_many_if(
         self,
