@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -18,6 +20,7 @@ import msgpack
 import pytest
 
 from dreamlake.lakeshore.api import Limits, Service, bootstrap_admin
+from dreamlake.lakeshore.errors import Unauthorized
 from dreamlake.lakeshore.handlers import apigw
 from dreamlake.lakeshore.handlers.api import make_app
 from dreamlake.lakeshore.plane import Plane
@@ -215,6 +218,37 @@ def test_a_token_revoked_by_another_process_is_401_once_its_record_is_read_again
     now[0] += auth.TOKEN_CACHE_SECONDS / 2 + 0.01
     ans = user.call("GET", "/v1/hello")
     assert (ans.status, ans.body["error"]["message"]) == (401, "this token was revoked")
+
+
+def test_a_token_record_read_as_the_token_is_revoked_here_is_not_kept(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dreamlake.lakeshore.api import auth
+
+    made = api.admin.call("POST", "/v1/tokens", {"role": "producer"}).body
+    header = f"Bearer {made['token']}"
+    real = api.plane.store.get_token
+    reading, go = threading.Event(), threading.Event()
+
+    def held(token_id: str) -> Any:
+        record = real(token_id)
+        if token_id == made["id"] and not reading.is_set():
+            reading.set()
+            assert go.wait(10)
+        return record
+
+    monkeypatch.setattr(api.plane.store, "get_token", held)
+    # Given a check of the token whose read of its record is out (held until told)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(auth.authenticate, api.plane, header)
+        assert reading.wait(10)
+        # When the token is revoked through this process meanwhile, then the read returns
+        assert auth.revoke(api.plane, made["id"])
+        go.set()
+        first.result(timeout=10)  # (it read the record before the revocation)
+    # Then the next check does not use the record read before the revocation
+    with pytest.raises(Unauthorized, match="revoked"):
+        auth.authenticate(api.plane, header)
 
 
 def test_a_producer_cannot_claim_and_a_worker_cannot_submit(api: Api) -> None:

@@ -15,8 +15,10 @@ import hmac
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..errors import Forbidden, InvalidRequest, Unauthorized
 from ..plane import Plane
@@ -35,6 +37,7 @@ __all__ = [
 #: roles a token can have
 ROLES = ("admin", "producer", "worker")
 _PREFIX = "lks_"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,49 @@ class Identity:
 
 #: seconds a token record read from the store is used again (every request reads one)
 TOKEN_CACHE_SECONDS = 1.0
-_cache: dict[tuple[int, str], tuple[float, TokenRecord]] = {}
+#: most entries kept per plane in each cache below (past it, the plane's is emptied)
+_CACHE_ENTRIES = 10_000
 _cache_lock = threading.Lock()
+
+
+class _Kept:
+    """What one plane's process keeps of its tokens (held by the plane object, weakly:
+    a plane gone takes its entries with it, and a new one at the same address starts
+    empty): records by token id and callers by header, each with until when."""
+
+    __slots__ = ("callers", "records")
+
+    def __init__(self) -> None:
+        self.records: dict[str, tuple[float, TokenRecord]] = {}
+        #: the callers of headers checked lately, as long as their token's record is
+        #: kept (a hit is a secret that matched that record: no hash again)
+        self.callers: dict[str, tuple[float, Identity]] = {}
+
+
+_kept: weakref.WeakKeyDictionary[Plane, _Kept] = weakref.WeakKeyDictionary()
+#: how many times :func:`forget` ran: a record read, or a caller checked, across one is
+#: not kept (the revocation it was told of may have landed after the read)
+_forgets = [0]
+
+
+def _of(plane: Plane) -> _Kept:
+    kept = _kept.get(plane)
+    if kept is None:
+        with _cache_lock:
+            kept = _kept.setdefault(plane, _Kept())
+    return kept
+
+
+def _keep(
+    entries: dict[str, tuple[float, _T]], key: str, entry: tuple[float, _T], forgets: int
+) -> None:
+    """Keep ``entry`` unless :func:`forget` ran since ``forgets`` was read."""
+    with _cache_lock:
+        if _forgets[0] != forgets:
+            return
+        if len(entries) > _CACHE_ENTRIES:
+            entries.clear()
+        entries[key] = entry
 
 
 def _token_record(plane: Plane, token_id: str) -> tuple[TokenRecord | None, float]:
@@ -74,19 +118,16 @@ def _token_record(plane: Plane, token_id: str) -> tuple[TokenRecord | None, floa
     revoked elsewhere (another server process, another Lambda) is refused within
     :data:`TOKEN_CACHE_SECONDS`; one revoked through this process at once (:func:`forget`).
     With it, until when the record read is used again (now: not kept)."""
-    key = (id(plane), token_id)
+    records = _of(plane).records
     now = time.monotonic()
-    with _cache_lock:
-        hit = _cache.get(key)
+    hit = records.get(token_id)
     if hit is not None and hit[0] > now:
         return hit[1], hit[0]
+    forgets = _forgets[0]
     record = plane.store.get_token(token_id)
     if record is None:
         return None, now
-    with _cache_lock:
-        if len(_cache) > 10_000:
-            _cache.clear()
-        _cache[key] = (now + TOKEN_CACHE_SECONDS, record)
+    _keep(records, token_id, (now + TOKEN_CACHE_SECONDS, record), forgets)
     return record, now + TOKEN_CACHE_SECONDS
 
 
@@ -106,10 +147,11 @@ def revoke(plane: Plane, token_id: str) -> bool:
 
 def forget(plane: Plane, token_id: str) -> None:
     """Drop a cached token record (its token was just revoked or changed)."""
+    kept = _of(plane)
     with _cache_lock:
-        _cache.pop((id(plane), token_id), None)
-        _callers.clear()
         _forgets[0] += 1
+        kept.records.pop(token_id, None)
+        kept.callers.clear()
 
 
 def _hash(secret: str) -> str:
@@ -147,18 +189,11 @@ def bootstrap_admin(plane: Plane) -> str | None:
     return secret
 
 
-#: the callers of headers checked lately, by plane and header, as long as their token's
-#: record is kept (a hit is a secret that matched that record: no hash again)
-_callers: dict[tuple[int, str], tuple[float, Identity]] = {}
-#: how many times :func:`forget` ran (a caller checked across one is not kept)
-_forgets = [0]
-
-
 def authenticate(plane: Plane, authorization: str | None) -> Identity:
     """The caller of an ``Authorization: Bearer ...`` header, or :class:`Unauthorized`."""
-    key = (id(plane), authorization or "")
+    callers = _of(plane).callers
     forgets = _forgets[0]
-    hit = _callers.get(key)
+    hit = callers.get(authorization or "")
     if hit is not None and hit[0] > time.monotonic():
         return hit[1]
     if not authorization:
@@ -175,9 +210,5 @@ def authenticate(plane: Plane, authorization: str | None) -> Identity:
     if record.revoked_at is not None:
         raise Unauthorized("this token was revoked")
     ident = Identity(token_id=record.id, role=record.role, queues=tuple(record.queues))
-    with _cache_lock:
-        if len(_callers) > 10_000:
-            _callers.clear()
-        if _forgets[0] == forgets:
-            _callers[key] = (until, ident)
+    _keep(callers, authorization, (until, ident), forgets)
     return ident
