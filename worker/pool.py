@@ -502,6 +502,10 @@ class ProcessWorker:
             if not (
                 reported
                 and room > 0
+                # (one slot, and no more wanted: a resize not yet made would have the
+                # chain lease calls for slots whose job processes are not up, and they
+                # would wait for this one's next free turn)
+                and self.concurrency == len(self._slots) == 1
                 and self.queues
                 and not self._stopping.is_set()
                 and self._may_delegate()
