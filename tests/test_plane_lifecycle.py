@@ -10,6 +10,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -928,6 +929,69 @@ def test_watch_of_an_unknown_id_raises_and_registers_nothing(plane: Plane) -> No
     # And nothing was registered
     plane.complete("job-1", claim.lease_token, b"r")
     assert seen == []
+
+
+def test_a_watch_of_calls_just_submitted_here_needs_no_read_of_the_store(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (an in-memory store: every write, every finish, goes through this plane)
+    reads: list[str] = []
+
+    def counted(name: str) -> Callable[..., Any]:
+        real = getattr(plane.store, name)
+
+        def read(*args: Any, **kwargs: Any) -> Any:
+            reads.append(name)
+            return real(*args, **kwargs)
+
+        return read
+
+    for name in ("finished_among", "get_many", "get"):
+        monkeypatch.setattr(plane.store, name, counted(name))
+    # Given two calls just submitted
+    submit(plane, "job-1")
+    submit(plane, "job-2")
+    seen: list[str] = []
+    # When one watch covers both
+    plane.watch(["job-1", "job-2"], lambda rec: seen.append(rec.id))
+    # Then it read nothing from the store, and still hears of each finish
+    assert reads == []
+    for claim in plane.claim([QUEUE], "w1", limit=2):
+        plane.complete(claim.id, claim.lease_token, b"r")
+    assert sorted(seen) == ["job-1", "job-2"]
+    # And a watch after the finish reads the store and fires at once
+    late: list[str] = []
+    plane.watch(["job-1"], lambda rec: late.append(rec.id))
+    assert late == ["job-1"] and reads
+
+
+def test_a_watch_of_a_call_whose_queue_was_deleted_with_it_raises(plane: Plane) -> None:
+    # Given a call just submitted, then its queue deleted with its invocations
+    submit(plane, "job-1")
+    plane.delete_queue(QUEUE, force=True)
+    # Then a watch of it raises UnknownInvocation (it is not waited for in vain)
+    with pytest.raises(UnknownInvocation):
+        plane.watch(["job-1"], lambda rec: None)
+
+
+def test_a_watch_on_a_shared_store_reads_it_for_a_call_submitted_here(tmp_path: Path) -> None:
+    # Given two planes on one plane file (two processes), a call submitted through the
+    # first and completed through the second (the first is not told)
+    first, second = (Plane(SqliteStore(str(tmp_path / "plane.db"))) for _ in range(2))
+    try:
+        first.ensure_queue(QueueSpec(QUEUE))
+        submit(first, "job-1")
+        claim = claim_one(second)
+        assert claim is not None
+        second.complete("job-1", claim.lease_token, b"r")
+        # When the first watches it
+        seen: list[str] = []
+        first.watch(["job-1"], lambda rec: seen.append(rec.id))
+        # Then it fires at once: the first read the file
+        assert seen == ["job-1"]
+    finally:
+        first.close()
+        second.close()
 
 
 def test_unwatch_stops_the_callback(plane: Plane) -> None:

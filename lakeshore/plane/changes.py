@@ -177,6 +177,8 @@ IDLE_EXIT = 1.0
 LOOK_AGAIN = 0.25
 #: ... and a parked one at least this often all the same, should a change slip past it
 PARKED_LOOK = 5.0
+#: most ids kept as submitted here and not yet finished (see :meth:`Changes.fresh`)
+FRESH_IDS = 100_000
 
 
 class Changes:
@@ -214,6 +216,9 @@ class Changes:
         self._parking = _Parking()
         #: callbacks told of every change (parked requests); see :meth:`subscribe`
         self._subscribers: list[Callable[[int | None, frozenset[str]], None]] = []
+        #: on a store no other process writes, the ids of records submitted through this
+        #: plane whose finish it has not told (see :meth:`fresh`)
+        self._fresh: set[str] = set()
 
     # --- generic wake-ups --------------------------------------------------------
     @property
@@ -513,6 +518,30 @@ class Changes:
 
         return unwatch
 
+    def submitted(self, ids: Iterable[str]) -> None:
+        """Records of these ids were just written new through this plane. On a store no
+        other process writes (every finish is then told here, see :meth:`finished`)
+        they are known to exist, unfinished, until their finish is told."""
+        if self._store.shared:
+            return
+        with self._cond:
+            if len(self._fresh) < FRESH_IDS:
+                self._fresh.update(ids)
+
+    def fresh(self, ids: Iterable[str]) -> bool:
+        """Whether every one of ``ids`` exists and has not finished, as far as this plane
+        knows without reading the store: submitted through it and its finish not told.
+        A watch registered before asking hears of any finish after (its look at the
+        store can be left out); one told before it made the answer False."""
+        with self._cond:
+            return all(inv_id in self._fresh for inv_id in ids)
+
+    def removed(self) -> None:
+        """Records were deleted (a queue with its invocations): what :meth:`fresh` knew
+        may be gone."""
+        with self._cond:
+            self._fresh.clear()
+
     def deliver(self, records: Iterable[Invocation]) -> None:
         """Fire the watches of records a look found finished (each watch fires once).
         Unlike :meth:`finished` this is no news: their finish was told when it happened,
@@ -530,6 +559,8 @@ class Changes:
         """Deliver finished records to their watchers (each watch fires once)."""
         records = list(records)
         with self._cond:
+            if self._fresh:
+                self._fresh.difference_update(rec.id for rec in records)
             due = self._take_due(records)
             # Records not finished (retried: pending again) are new work for claims: a
             # new generation. A claim held back by a cap watches the finish count (its

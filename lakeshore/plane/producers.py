@@ -42,6 +42,9 @@ class ProducerOps(PlaneBase):
         specs: dict[str, QueueSpec] = {}
         invs = [self._pending_record(sub, specs, now) for sub in subs]
         existing = self.store.insert_many(invs)
+        self._changes.submitted(
+            inv.id for inv, found in zip(invs, existing, strict=True) if found is None
+        )
         for name in specs:
             self._touch(name, now)
         self._changes.notify(len(invs), specs, [inv.id for inv in invs])
@@ -130,6 +133,8 @@ class ProducerOps(PlaneBase):
         """
         ids = list(dict.fromkeys(ids))
         unwatch = self._changes.watch(ids, callback)
+        if self._changes.fresh(ids):
+            return unwatch  # (known to exist, unfinished: the watch hears of the finish)
         known, finished = self._finished_among(ids)
         if len(known) != len(ids):
             unwatch()

@@ -84,4 +84,6 @@ class QueueOps(PlaneBase):
                 raise InvalidRequest(
                     f"queue {name!r} has {busy} pending or running invocations; use force"
                 )
-        return self.store.delete_queue(name)
+        gone = self.store.delete_queue(name)
+        self._changes.removed()
+        return gone
