@@ -965,6 +965,28 @@ def test_a_watch_of_calls_just_submitted_here_needs_no_read_of_the_store(
     assert late == ["job-1"] and reads
 
 
+def test_a_call_finished_as_its_submit_returns_is_found_by_a_watch_at_once(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a worker that claims and completes a call between the store taking it and
+    # the submit returning (another thread, in the gap after the store's write)
+    written = plane.store.insert_many
+
+    def and_run_at_once(invs: Any) -> Any:
+        answers = written(invs)
+        claim = claim_one(plane)
+        assert claim is not None
+        plane.complete(claim.id, claim.lease_token, b"fast")
+        return answers
+
+    monkeypatch.setattr(plane.store, "insert_many", and_run_at_once)
+    submit(plane, "job-1")
+    # Then a watch of it fires at once: its finish was told before the submit ended
+    seen: list[bytes | None] = []
+    plane.watch(["job-1"], lambda rec: seen.append(rec.result))
+    assert seen == [b"fast"]
+
+
 def test_a_watch_of_a_call_whose_queue_was_deleted_with_it_raises(plane: Plane) -> None:
     # Given a call just submitted, then its queue deleted with its invocations
     submit(plane, "job-1")

@@ -1633,6 +1633,19 @@ def test_an_insert_of_more_than_one_statement_carries_answers_each_record(
     s.close()
 
 
+def test_a_record_missing_a_required_field_is_refused_not_retried(tmp_path: Path) -> None:
+    # (SQLite: INSERT OR IGNORE passes over a row that breaks NOT NULL as over a
+    # conflict; neither insert may take that for a record that vanished and loop)
+    s = SqliteStore(tmp_path / "plane.db")
+    broken = replace(record("x1"), order_key=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="neither inserted nor found"):
+        s.insert(broken)
+    with pytest.raises(ValueError, match="neither inserted nor found"):
+        s.insert_many([record("x2"), broken])
+    assert s.get("x1") is None
+    s.close()
+
+
 def test_a_group_takes_the_write_lock_at_its_first_write_not_before(tmp_path: Path) -> None:
     # (SQLite: a claim of many that finds nothing must not hold other processes' writes)
     import sqlite3

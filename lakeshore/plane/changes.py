@@ -219,6 +219,8 @@ class Changes:
         #: on a store no other process writes, the ids of records submitted through this
         #: plane whose finish it has not told (see :meth:`fresh`)
         self._fresh: set[str] = set()
+        #: finishes and removals told so far (see :meth:`submitted`)
+        self._told = 0
 
     # --- generic wake-ups --------------------------------------------------------
     @property
@@ -518,14 +520,22 @@ class Changes:
 
         return unwatch
 
-    def submitted(self, ids: Iterable[str]) -> None:
+    @property
+    def told(self) -> int:
+        """How many times a finish or a removal was told: read it before a submit's
+        write, and hand it to :meth:`submitted`."""
+        return self._told
+
+    def submitted(self, ids: Iterable[str], since: int) -> None:
         """Records of these ids were just written new through this plane. On a store no
         other process writes (every finish is then told here, see :meth:`finished`)
-        they are known to exist, unfinished, until their finish is told."""
+        they are known to exist, unfinished, until their finish is told — unless a
+        finish or a removal was told since ``since`` (:attr:`told`, read before the
+        write): it may have been one of theirs, told before they were kept here."""
         if self._store.shared:
             return
         with self._cond:
-            if len(self._fresh) < FRESH_IDS:
+            if self._told == since and len(self._fresh) < FRESH_IDS:
                 self._fresh.update(ids)
 
     def fresh(self, ids: Iterable[str]) -> bool:
@@ -540,6 +550,7 @@ class Changes:
         """Records were deleted (a queue with its invocations): what :meth:`fresh` knew
         may be gone."""
         with self._cond:
+            self._told += 1
             self._fresh.clear()
 
     def deliver(self, records: Iterable[Invocation]) -> None:
@@ -559,6 +570,7 @@ class Changes:
         """Deliver finished records to their watchers (each watch fires once)."""
         records = list(records)
         with self._cond:
+            self._told += 1
             if self._fresh:
                 self._fresh.difference_update(rec.id for rec in records)
             due = self._take_due(records)

@@ -41,9 +41,10 @@ class ProducerOps(PlaneBase):
         now = self.clock.now()
         specs: dict[str, QueueSpec] = {}
         invs = [self._pending_record(sub, specs, now) for sub in subs]
+        told = self._changes.told
         existing = self.store.insert_many(invs)
         self._changes.submitted(
-            inv.id for inv, found in zip(invs, existing, strict=True) if found is None
+            (inv.id for inv, found in zip(invs, existing, strict=True) if found is None), told
         )
         for name in specs:
             self._touch(name, now)

@@ -218,6 +218,13 @@ def _batch_update_sql(
     )
 
 
+def _not_inserted(inv_id: str) -> ValueError:
+    # (INSERT OR IGNORE also passes over a row that breaks a NOT NULL constraint)
+    return ValueError(
+        f"invocation {inv_id!r} was neither inserted nor found: a field it needs is empty"
+    )
+
+
 _STATE, _RETRY, _ERROR = (_COLUMNS.index(c) for c in ("state", "retry", "error"))
 _STATES = {str(s): s for s in State}
 
@@ -534,7 +541,7 @@ class SqliteStore:
         values = [_to_column(c, getattr(inv, c)) for c in _COLUMNS]
         marks = ", ".join("?" * len(_COLUMNS))
         seq = _NEXT_FINISH if inv.state in FINISHED else "NULL"
-        while True:
+        for _ in range(2):
             with self._tx(single=True) as db:  # (one write; the SELECT only reads)
                 cur = db.execute(
                     f"INSERT OR IGNORE INTO invocations ({_SELECT}, finish_seq)"
@@ -550,6 +557,7 @@ class SqliteStore:
                 return _from_row(row)
             # (outside a transaction the record that stood in the way may have been
             # purged between the two statements: the insert is tried again)
+        raise _not_inserted(inv.id)
 
     def get(self, inv_id: str) -> Invocation | None:
         with self._lock:
@@ -654,6 +662,8 @@ class SqliteStore:
                 new.update(r[0] for r in rows)
             # (the records that stood in the way, read in the same transaction)
             held = {r.id: r for r in self.get_many([i.id for i in invs if i.id not in new])}
+        if len(new) + len(held) < len(invs):
+            raise _not_inserted(next(i.id for i in invs if i.id not in new and i.id not in held))
         return [None if inv.id in new else held[inv.id] for inv in invs]
 
     def update_many_if(
