@@ -1263,6 +1263,56 @@ def test_submit_rejects_an_invalid_submission(plane: Plane, submission: Submissi
     assert not any(plane.counts(QUEUE).values())
 
 
+def test_a_delayed_call_comes_due_for_a_claim_after_a_look_that_left_nothing_due(
+    plane: Plane, clock: FakeClock
+) -> None:
+    # Given a call delayed 5 s and one due now, the second taken (the head read short)
+    submit(plane, "later", delay=5.0)
+    submit(plane, "now")
+    taken = claim_one(plane)
+    assert taken is not None and taken.id == "now"
+    assert claim_one(plane) is None
+    # When the delay passes, with nothing written since
+    clock.advance(5.0)
+    # Then a claim takes the delayed call
+    late = claim_one(plane)
+    assert late is not None and late.id == "later"
+
+
+def test_a_retry_comes_due_for_a_claim_after_a_look_that_left_nothing_due(
+    plane: Plane, clock: FakeClock
+) -> None:
+    # Given a call that raised and waits out a 1 s backoff, and a claim that found
+    # nothing due since
+    claim = running(plane, retry=RetryPolicy(max=1, backoff=1))
+    plane.fail("job-1", claim.lease_token, ERROR)
+    assert claim_one(plane) is None
+    assert claim_one(plane) is None
+    # When the backoff passes, with nothing written since
+    clock.advance(1.0)
+    # Then a claim takes the retry
+    retry = claim_one(plane)
+    assert retry is not None and (retry.id, retry.attempt) == ("job-1", 2)
+
+
+def test_a_claim_takes_a_call_another_process_submitted_to_the_plane_file(
+    tmp_path: Path,
+) -> None:
+    # Given a plane file and a claim that took its one call
+    first, other = (Plane(SqliteStore(str(tmp_path / "plane.db"))) for _ in range(2))
+    try:
+        first.ensure_queue(QueueSpec(QUEUE))
+        assert running(first).id == "job-1"
+        # When another process submits (this plane is not told)
+        submit(other, "job-2")
+        # Then the next claim here takes it
+        again = claim_one(first)
+        assert again is not None and again.id == "job-2"
+    finally:
+        first.close()
+        other.close()
+
+
 def test_claim_rejects_a_limit_below_one(plane: Plane) -> None:
     with pytest.raises(InvalidRequest):
         plane.claim([QUEUE], "w1", limit=0)
