@@ -1646,6 +1646,17 @@ def test_a_record_missing_a_required_field_is_refused_not_retried(tmp_path: Path
     s.close()
 
 
+def test_an_sqlite_too_old_for_the_stores_statements_is_refused_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sqlite3
+
+    monkeypatch.setattr(sqlite3, "sqlite_version_info", (3, 31, 1))
+    monkeypatch.setattr(sqlite3, "sqlite_version", "3.31.1")
+    with pytest.raises(RuntimeError, match=r"needs SQLite 3\.35\.0 or newer .* has 3\.31\.1"):
+        SqliteStore(":memory:")
+
+
 def test_a_group_takes_the_write_lock_at_its_first_write_not_before(tmp_path: Path) -> None:
     # (SQLite: a claim of many that finds nothing must not hold other processes' writes)
     import sqlite3

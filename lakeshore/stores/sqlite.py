@@ -179,6 +179,9 @@ def _update_sql(
     return f"UPDATE invocations SET {sets} WHERE {' AND '.join(where)} RETURNING {_SELECT}"
 
 
+#: the oldest SQLite the store's statements run on (RETURNING came in 3.35)
+MIN_SQLITE = (3, 35, 0)
+
 #: the most records one batched update statement carries (each brings a few variables;
 #: SQLite allows 32,766 a statement)
 _BATCH_ROWS = 500
@@ -318,6 +321,11 @@ class SqliteStore:
         *,
         durability: Literal["normal", "full"] = "normal",
     ) -> None:
+        if sqlite3.sqlite_version_info < MIN_SQLITE:
+            raise RuntimeError(
+                f"the SQLite store needs SQLite {'.'.join(map(str, MIN_SQLITE))} or newer"
+                f" (RETURNING, UPDATE … FROM); this Python's sqlite3 has {sqlite3.sqlite_version}"
+            )
         self.path = str(path)
         self.shared = self.path != ":memory:"
         self._blob_dir = Path(self.path + ".blobs") if self.shared else None
