@@ -119,6 +119,9 @@ CREATE TABLE IF NOT EXISTS blobs (
 _LAST_FINISH = "SELECT coalesce(max(finish_seq), 0) FROM invocations WHERE finish_seq IS NOT NULL"
 _NEXT_FINISH = f"(({_LAST_FINISH}) + 1)"
 
+#: the oldest SQLite the store's statements run on (RETURNING came in 3.35)
+MIN_SQLITE = (3, 35, 0)
+
 #: seconds between looks for parts of blob files whose writer died
 _PART_SWEEP = 3600.0
 
@@ -144,6 +147,28 @@ def _to_column(name: str, value: Any) -> Any:
     if name == "error":
         return None if value is None else _pack(value)
     return value
+
+
+_Shape = tuple[tuple[str, ...], bool, tuple[tuple[str, bool], ...]]
+
+
+def _shape(expect: Mapping[str, Any], changes: Mapping[str, Any]) -> _Shape:
+    """What an update's statement follows from: the fields it changes, whether it
+    finishes the record, the fields it expects with whether each is null."""
+    return (
+        tuple(changes),
+        changes.get("state") in FINISHED,
+        tuple((c, v is None) for c, v in expect.items()),
+    )
+
+
+def _bound(expect: Mapping[str, Any], changes: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+    """An update's values for its statement: the new ones, and the expected ones that
+    are not null (a null is matched with ``IS NULL``)."""
+    return (
+        [_to_column(c, v) for c, v in changes.items()],
+        [_to_column(c, v) for c, v in expect.items() if v is not None],
+    )
 
 
 def _known_fields(changes: tuple[str, ...], expect: tuple[tuple[str, bool], ...]) -> None:
@@ -178,9 +203,6 @@ def _update_sql(
         where.append("(timeout IS NULL OR started_at + timeout > ?)")
     return f"UPDATE invocations SET {sets} WHERE {' AND '.join(where)} RETURNING {_SELECT}"
 
-
-#: the oldest SQLite the store's statements run on (RETURNING came in 3.35)
-MIN_SQLITE = (3, 35, 0)
 
 #: the most records one batched update statement carries (each brings a few variables;
 #: SQLite allows 32,766 a statement)
@@ -629,15 +651,10 @@ class SqliteStore:
         deadline_after: float | None = None,
     ) -> Invocation | None:
         sql = _update_sql(
-            tuple(changes),
-            changes.get("state") in FINISHED,
-            tuple((c, v is None) for c, v in expect.items()),
-            running_below is not None,
-            deadline_after is not None,
+            *_shape(expect, changes), running_below is not None, deadline_after is not None
         )
-        params: list[Any] = [_to_column(c, v) for c, v in changes.items()]
-        params.append(inv_id)
-        params.extend(_to_column(c, v) for c, v in expect.items() if v is not None)
+        changed, expected = _bound(expect, changes)
+        params: list[Any] = [*changed, inv_id, *expected]
         if running_below is not None:
             params.append(running_below)
         if deadline_after is not None:
@@ -711,29 +728,20 @@ class SqliteStore:
         """:meth:`update_many_if` of distinct ids without a running cap: the updates of
         each shape in one statement (per :data:`_BATCH_ROWS`), all in one transaction;
         each record is still decided on its own condition."""
-        shapes: dict[tuple[Any, ...], list[int]] = {}
+        shapes: dict[_Shape, list[int]] = {}
         for k, (_, expect, changes) in enumerate(updates):
-            shape = (
-                tuple(changes),
-                changes.get("state") in FINISHED,
-                tuple((c, v is None) for c, v in expect.items()),
-            )
-            shapes.setdefault(shape, []).append(k)
+            shapes.setdefault(_shape(expect, changes), []).append(k)
         done: dict[str, Invocation] = {}
         with self.transaction():
-            for (changed, finishes, expected), members in shapes.items():
+            for shape, members in shapes.items():
                 for start in range(0, len(members), _BATCH_ROWS):
                     chunk = members[start : start + _BATCH_ROWS]
-                    sql = _batch_update_sql(
-                        changed, finishes, expected, deadline_after is not None, len(chunk)
-                    )
+                    sql = _batch_update_sql(*shape, deadline_after is not None, len(chunk))
                     params: list[Any] = []
                     for n, k in enumerate(chunk, 1):
                         inv_id, expect, changes = updates[k]
-                        params.append(n)
-                        params.append(inv_id)
-                        params.extend(_to_column(c, v) for c, v in changes.items())
-                        params.extend(_to_column(c, v) for c, v in expect.items() if v is not None)
+                        values, expected_values = _bound(expect, changes)
+                        params += [n, inv_id, *values, *expected_values]
                     if deadline_after is not None:
                         params.append(deadline_after)
                     with self._tx(single=True) as db:
