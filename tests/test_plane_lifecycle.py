@@ -996,24 +996,31 @@ def test_a_watch_of_a_call_whose_queue_was_deleted_with_it_raises(plane: Plane) 
         plane.watch(["job-1"], lambda rec: None)
 
 
-def test_a_watch_on_a_shared_store_reads_it_for_a_call_submitted_here(tmp_path: Path) -> None:
-    # Given two planes on one plane file (two processes), a call submitted through the
-    # first and completed through the second (the first is not told)
+@pytest.fixture
+def two_on_a_file(tmp_path: Path) -> Iterator[tuple[Plane, Plane]]:
+    """Two planes on one plane file (as two processes), the queue ``jobs`` made."""
     first, second = (Plane(SqliteStore(str(tmp_path / "plane.db"))) for _ in range(2))
-    try:
-        first.ensure_queue(QueueSpec(QUEUE))
-        submit(first, "job-1")
-        claim = claim_one(second)
-        assert claim is not None
-        second.complete("job-1", claim.lease_token, b"r")
-        # When the first watches it
-        seen: list[str] = []
-        first.watch(["job-1"], lambda rec: seen.append(rec.id))
-        # Then it fires at once: the first read the file
-        assert seen == ["job-1"]
-    finally:
-        first.close()
-        second.close()
+    first.ensure_queue(QueueSpec(QUEUE))
+    yield first, second
+    first.close()
+    second.close()
+
+
+def test_a_watch_on_a_shared_store_reads_it_for_a_call_submitted_here(
+    two_on_a_file: tuple[Plane, Plane],
+) -> None:
+    # Given two planes on one plane file, a call submitted through the first and
+    # completed through the second (the first is not told)
+    first, second = two_on_a_file
+    submit(first, "job-1")
+    claim = claim_one(second)
+    assert claim is not None
+    second.complete("job-1", claim.lease_token, b"r")
+    # When the first watches it
+    seen: list[str] = []
+    first.watch(["job-1"], lambda rec: seen.append(rec.id))
+    # Then it fires at once: the first read the file
+    assert seen == ["job-1"]
 
 
 def test_unwatch_stops_the_callback(plane: Plane) -> None:
@@ -1296,21 +1303,16 @@ def test_a_retry_comes_due_for_a_claim_after_a_look_that_left_nothing_due(
 
 
 def test_a_claim_takes_a_call_another_process_submitted_to_the_plane_file(
-    tmp_path: Path,
+    two_on_a_file: tuple[Plane, Plane],
 ) -> None:
     # Given a plane file and a claim that took its one call
-    first, other = (Plane(SqliteStore(str(tmp_path / "plane.db"))) for _ in range(2))
-    try:
-        first.ensure_queue(QueueSpec(QUEUE))
-        assert running(first).id == "job-1"
-        # When another process submits (this plane is not told)
-        submit(other, "job-2")
-        # Then the next claim here takes it
-        again = claim_one(first)
-        assert again is not None and again.id == "job-2"
-    finally:
-        first.close()
-        other.close()
+    first, other = two_on_a_file
+    assert running(first).id == "job-1"
+    # When another process submits (this plane is not told)
+    submit(other, "job-2")
+    # Then the next claim here takes it
+    again = claim_one(first)
+    assert again is not None and again.id == "job-2"
 
 
 def test_claim_rejects_a_limit_below_one(plane: Plane) -> None:
