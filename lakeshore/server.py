@@ -43,7 +43,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
@@ -302,6 +302,10 @@ class PlaneASGI:
         self._wake_lock = threading.Lock()
         self._loop_thread = 0
         self._unsubscribe = changes.subscribe(self._on_change) if changes is not None else None
+        #: whether the server's protocol may answer short requests without an ASGI cycle
+        #: (:meth:`takes`, :meth:`answer_now`), and how many it answered so
+        self.lane = True
+        self.answered_now = 0
 
     # --- lifecycle (any thread) ------------------------------------------------------------
     def stop(self) -> None:
@@ -389,10 +393,7 @@ class PlaneASGI:
             return
         if scope["type"] != "http":
             return  # websockets are not part of the API
-        headers: dict[str, str] = {}
-        for raw_name, raw_value in scope["headers"]:
-            name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-            headers[name] = f"{headers[name]},{value}" if name in headers else value
+        headers = _headers(scope["headers"])
         blob = scope["path"].startswith(_BLOBS) and "/" not in scope["path"][len(_BLOBS) :]
         if blob and scope["method"] == "PUT" and self.uploads is not None:
             uploaded = await self._upload(scope, headers, receive)
@@ -444,6 +445,37 @@ class PlaneASGI:
                 finally:
                     del self._waiting[waiter]
         await _send(send, *answer, head=scope["method"] == "HEAD")
+
+    # --- the short lane (see _protocol) ---------------------------------------------------
+    def takes(self, method: str, path: str, size: int) -> bool:
+        """Whether a request whose head declares a body of ``size`` bytes is one this
+        app answers on the loop at once (not parked, not a blob transfer, no thread):
+        then the server's protocol may hand it to :meth:`answer_now` whole, without an
+        ASGI cycle."""
+        return (
+            self.lane
+            and self.inline is not None
+            and size <= self.max_body
+            and not path.startswith(_BLOBS)
+            and not (self.parks is not None and self.parks(method, path, size))
+            and self.inline(method, path, size)
+        )
+
+    def answer_now(
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        raw_headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        client: tuple[str, int] | None,
+    ) -> Answer:
+        """The answer to a request :meth:`takes` took, made as :meth:`__call__` makes it."""
+        headers = _headers(raw_headers)
+        if self._stopping:
+            return _stopping_response(headers)
+        self.answered_now += 1
+        return self._resolve(_http_event(method, path, query, headers, body, client))
 
     # --- streamed blob transfers (event loop; the disk work in the pool) ------------------
     async def _upload(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Answer:
@@ -854,15 +886,13 @@ class PlaneASGI:
 
     @staticmethod
     def _event(scope: Scope, headers: dict[str, str], body: bytes) -> dict[str, Any]:
-        client = scope.get("client")
-        return apigw.http_event(
+        return _http_event(
             scope["method"],
             scope["path"],
-            query_string=scope["query_string"].decode("latin-1"),
-            headers=headers,
-            body=body,
-            source_ip=client[0] if client else "127.0.0.1",
-            raw_body=True,
+            scope["query_string"],
+            headers,
+            body,
+            scope.get("client"),
         )
 
     async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:
@@ -890,6 +920,34 @@ class PlaneASGI:
 _GONE: Answer = (499, [], b"")
 #: blob uploads (``PUT`` of one of these paths) are streamed: see PlaneASGI._upload
 _BLOBS = "/v1/blobs/"
+
+
+def _headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """A request's headers by lower-case name (a repeated one joined with commas)."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in raw:
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]},{value}" if name in headers else value
+    return headers
+
+
+def _http_event(
+    method: str,
+    path: str,
+    query: bytes,
+    headers: dict[str, str],
+    body: bytes,
+    client: tuple[str, int] | None,
+) -> dict[str, Any]:
+    return apigw.http_event(
+        method,
+        path,
+        query_string=query.decode("latin-1"),
+        headers=headers,
+        body=body,
+        source_ip=client[0] if client else "127.0.0.1",
+        raw_body=True,
+    )
 
 
 class _Cut(Exception):
@@ -976,12 +1034,26 @@ async def _lifespan(receive: Receive, send: Send) -> None:
 # --- the server ----------------------------------------------------------------------------
 
 
-def _protocol() -> type[asyncio.Protocol]:
+def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol, answering a request it cannot parse (a malformed
-    header, say) in the API's error shape instead of plain text."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    header, say) in the API's error shape instead of plain text.
+
+    With ``app``, the short lane: a request ``app`` answers on the loop at once (a
+    submit, a completion: see :meth:`PlaneASGI.takes`) is answered from the parser's
+    callbacks as its last byte arrives — no ASGI scope, cycle, task or messages (uvicorn's
+    part of a request is ~60 µs of the server's CPU), head and body in one write. Every
+    other request (parked claims and waits, blob transfers, requests on threads, a
+    request behind one still being answered, ``Expect: 100-continue``, a chunked body, a
+    proxy's forwarding headers) goes through uvicorn and the ASGI app as before. Not
+    used with the access log on (uvicorn writes it per cycle)."""
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
     class PlaneProtocol(HttpToolsProtocol):
+        #: the request being taken by the short lane: method, path, query, keep-alive
+        _lane: tuple[str, str, bytes, bool] | None = None
+        _lane_body: list[bytes]
+
         def send_400_response(self, msg: str) -> None:
             body = json.dumps({"error": {"code": "invalid_request", "message": msg}}).encode()
             head = (
@@ -991,7 +1063,93 @@ def _protocol() -> type[asyncio.Protocol]:
             self.transport.write(head + body)
             self.transport.close()
 
+        def on_headers_complete(self) -> None:
+            if app is None or not self._take():
+                super().on_headers_complete()
+
+        def _take(self) -> bool:
+            """Whether the short lane takes the request whose head just ended."""
+            if (
+                self.expect_100_continue
+                or self.parser.should_upgrade()
+                or (self.cycle is not None and not self.cycle.response_complete)
+                or self.pipeline
+            ):
+                return False
+            size = 0
+            for name, value in self.headers:
+                if name == b"content-length":
+                    if not value.isdigit() or size:
+                        return False
+                    size = int(value)
+                elif name in _NOT_SHORT:
+                    return False
+            parsed = httptools.parse_url(self.url)
+            path = parsed.path.decode("ascii")
+            method = self.parser.get_method().decode("ascii")
+            if "%" in path or app is None or not app.takes(method, path, size):
+                return False
+            version = self.parser.get_http_version()
+            keep = version != "1.0" and self.parser.should_keep_alive()
+            self._lane = (method, path, parsed.query or b"", keep)
+            self._lane_body = []
+            return True
+
+        def shutdown(self) -> None:
+            lane = self._lane
+            if lane is None:
+                super().shutdown()
+            else:  # (its body still arriving: answered, then closed, as uvicorn does)
+                self._lane = (*lane[:3], False)
+
+        def on_body(self, body: bytes) -> None:
+            if self._lane is not None:
+                self._lane_body.append(body)
+            else:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            lane = self._lane
+            if lane is None:
+                super().on_message_complete()
+                return
+            self._lane = None
+            method, path, query, keep = lane
+            body = b"".join(self._lane_body)
+            self._lane_body = []
+            assert app is not None
+            status, headers, content = app.answer_now(
+                method, path, query, self.headers, body, self.client
+            )
+            out = [STATUS_LINE[status]]
+            for raw_name, raw_value in self.server_state.default_headers:
+                out += [raw_name, b": ", raw_value, b"\r\n"]
+            closes = False
+            for name, value in headers:
+                key = name.lower()
+                if key in ("content-length", "transfer-encoding"):
+                    continue
+                if key == "connection" and "close" in value.lower():
+                    keep, closes = False, True
+                out += [key.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
+            out.append(b"content-length: %d\r\n" % len(content))
+            if not keep and not closes:
+                out.append(b"connection: close\r\n")
+            out.append(b"\r\n")
+            if method != "HEAD":
+                out.append(content)
+            self.transport.write(b"".join(out))
+            if keep:
+                self.on_response_complete()  # (uvicorn's: count it, arm the keep-alive)
+            else:
+                self.server_state.total_requests += 1
+                self.transport.close()
+
     return PlaneProtocol
+
+
+#: request headers that keep a request off the short lane (see _protocol)
+_NOT_SHORT = frozenset({b"transfer-encoding", b"x-forwarded-for", b"x-forwarded-proto"})
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -1127,7 +1285,7 @@ class LocalServer:
             )
             config = uvicorn.Config(
                 self.asgi,
-                http=_protocol(),
+                http=_protocol(None if self.access_log else self.asgi),
                 loop="auto",  # uvloop where it exists
                 ws="none",
                 lifespan="off",

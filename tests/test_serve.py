@@ -794,3 +794,149 @@ def test_a_request_http_cannot_parse_gets_a_400_in_the_apis_shape(served: Served
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head
     assert json.loads(body)["error"]["code"] == "invalid_request"
+
+
+# --- the short lane -------------------------------------------------------------------------------
+
+
+def _raw(url: str, data: bytes, answers: int = 1, *, until_closed: bool = False) -> list[bytes]:
+    """Send ``data`` as it is on one connection; the whole answers read back, in order
+    (each its head and its Content-Length body), or everything until the server closes."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(data)
+        got = b""
+        out: list[bytes] = []
+        while len(out) < answers or until_closed:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+            while b"\r\n\r\n" in got:
+                head, _, rest = got.partition(b"\r\n\r\n")
+                size = int(re.search(rb"content-length: (\d+)", head, re.I).group(1))  # type: ignore[union-attr]
+                if data.startswith(b"HEAD "):
+                    size = 0  # (a HEAD answer's length is its GET's, and it has no body)
+                if len(rest) < size:
+                    break
+                out.append(head + b"\r\n\r\n" + rest[:size])
+                got = rest[size:]
+    return out if not until_closed else [*out, got]
+
+
+def _undated(answer: bytes) -> bytes:
+    """An answer without its times (the date header, hello's clock, and so its length:
+    the body was read by it)."""
+    return re.sub(rb'(date|content-length): [^\r]*\r\n|"time":[0-9.]+', b"", answer)
+
+
+def test_short_requests_answered_at_once_are_the_answers_of_the_asgi_app(tmp_path: Path) -> None:
+    """A submit, a hello, their refusals: each answered by the protocol's short lane (no
+    ASGI cycle) is byte for byte what uvicorn and the ASGI app answer, but its date."""
+    with LocalServer(tmp_path / "plane.db") as server:
+        assert server.asgi is not None and server.admin_token is not None
+        admin, url = server.admin_token, server.url
+        producer = make_token(url, admin, "producer")
+        conn = connect(url)
+        assert request(conn, "POST", "/v1/queues", {"name": "lane"}, token=admin)[0] == 200
+        conn.close()
+        submit = json.dumps(
+            {"invocations": [{"id": "lane-1", "queue": "lane", "ref": "math:sqrt", "args": [4]}]}
+        ).encode()
+
+        def req(method: str, path: str, body: bytes = b"", token: str | None = producer) -> bytes:
+            auth = b"Authorization: Bearer %s\r\n" % token.encode() if token else b""
+            return (
+                b"%s %s HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s"
+                % (method.encode(), path.encode(), auth, len(body), body)
+            )
+
+        requests = [
+            req("GET", "/v1/hello"),
+            req("HEAD", "/v1/hello"),  # 405 (with its length, no body)
+            req("GET", "/v1/hello", token=None),  # 401
+            req("POST", "/v1/invocations", submit),  # 200: the same id again is a replay
+            req("POST", "/v1/invocations", b'{"invocations": [}'),  # 400
+            req("GET", "/v1/queues/lane?x=1"),
+            req("GET", "/v1/nowhere"),  # 404
+        ]
+        before = server.asgi.answered_now
+        server.asgi.lane = False
+        through_asgi = [_undated(_raw(url, r)[0]) for r in requests]
+        assert server.asgi.answered_now == before
+        server.asgi.lane = True
+        at_once = [_undated(_raw(url, r)[0]) for r in requests]
+        assert server.asgi.answered_now == before + len(requests)
+    assert at_once == through_asgi
+    statuses = [int(a.split(b" ")[1]) for a in at_once]
+    assert statuses == [200, 405, 401, 200, 400, 200, 404]
+
+
+def test_the_short_lane_keeps_the_order_of_answers_and_the_connection_rules(
+    tmp_path: Path,
+) -> None:
+    with LocalServer(tmp_path / "plane.db") as server:
+        assert server.asgi is not None and server.admin_token is not None
+        url, admin = server.url, server.admin_token
+        worker = make_token(url, admin, "worker", ["lane"])
+        conn = connect(url)
+        assert request(conn, "POST", "/v1/queues", {"name": "lane"}, token=admin)[0] == 200
+        conn.close()
+        hello = b"GET /v1/hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (
+            admin.encode()
+        )
+        claim_body = json.dumps({"queues": ["lane"], "worker": "w", "wait": 0.3}).encode()
+        claim = (
+            b"POST /v1/claims HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (worker.encode(), len(claim_body), claim_body)
+        )
+        # A short request behind a waiting claim on the same connection is answered
+        # after it (uvicorn's pipeline), not at once
+        first, second = _raw(url, claim + hello, 2)
+        assert b'"claims"' in first and b'"identity"' in second
+        # Two short ones at once: both, in order, on a connection kept open
+        before = server.asgi.answered_now
+        a, b = _raw(url, hello + hello.replace(b"/v1/hello", b"/v1/hello?again=1"), 2)
+        assert a.startswith(b"HTTP/1.1 200") and b.startswith(b"HTTP/1.1 200")
+        assert server.asgi.answered_now == before + 2
+        assert b"connection: close" not in a.lower()
+        # Connection: close, and HTTP/1.0: answered, then the server closes
+        for ask in (
+            hello.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"),
+            hello.replace(b"HTTP/1.1", b"HTTP/1.0"),
+        ):
+            answer, rest = _raw(url, ask + hello, until_closed=True)
+            assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" in answer
+            assert rest == b""  # (the request behind it went unanswered: closed)
+        assert server.asgi.answered_now == before + 4
+
+
+def test_a_short_request_caught_by_a_stop_mid_body_is_answered_then_closed(
+    tmp_path: Path,
+) -> None:
+    server = LocalServer(tmp_path / "plane.db")
+    server.start()
+    try:
+        assert server.admin_token is not None and server.uvicorn is not None
+        body = json.dumps({"role": "producer"}).encode()
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(
+                b"POST /v1/tokens HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (server.admin_token.encode(), len(body), body[:5])
+            )
+            connections = server.uvicorn.server_state.connections
+            wait_for(lambda: any(getattr(c, "_lane", None) for c in connections))
+            server.request_stop()
+            # the server's shutdown reaches the connection: it will close once answered
+            wait_for(lambda: all(not c._lane[3] for c in connections if c._lane))  # type: ignore[attr-defined]
+            sock.sendall(body[5:])
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503") and b"connection: close" in answer
+    finally:
+        server.stop()
