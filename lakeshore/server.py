@@ -447,19 +447,18 @@ class PlaneASGI:
         await _send(send, *answer, head=scope["method"] == "HEAD")
 
     # --- the short lane (see _protocol) ---------------------------------------------------
-    def takes(self, method: str, path: str, size: int) -> bool:
-        """Whether a request whose head declares a body of ``size`` bytes is one this
-        app answers on the loop at once (not parked, not a blob transfer, no thread):
-        then the server's protocol may hand it to :meth:`answer_now` whole, without an
-        ASGI cycle."""
-        return (
-            self.lane
-            and self.inline is not None
-            and size <= self.max_body
-            and not path.startswith(_BLOBS)
-            and not (self.parks is not None and self.parks(method, path, size))
-            and self.inline(method, path, size)
-        )
+    def takes(self, method: str, path: str, size: int) -> int:
+        """Whether a request whose head declares a body of ``size`` bytes is one this app
+        answers on the loop, so the server's protocol may hand it over whole, without an
+        ASGI cycle: :data:`AT_ONCE` (a short request: :meth:`answer_now`), :data:`HELD`
+        (a waiting one, parked: :meth:`answer_held`), else 0 (through ``__call__``)."""
+        if not self.lane or self.inline is None or size > self.max_body:
+            return 0
+        if path.startswith(_BLOBS):
+            return 0
+        if self.parks is not None and self.parks(method, path, size):
+            return HELD
+        return AT_ONCE if self.inline(method, path, size) else 0
 
     def answer_now(
         self,
@@ -470,12 +469,39 @@ class PlaneASGI:
         body: bytes,
         client: tuple[str, int] | None,
     ) -> Answer:
-        """The answer to a request :meth:`takes` took, made as :meth:`__call__` makes it."""
+        """The answer to a request :meth:`takes` took at once, as :meth:`__call__` makes it."""
         headers = _headers(raw_headers)
         if self._stopping:
             return _stopping_response(headers)
         self.answered_now += 1
         return self._resolve(_http_event(method, path, query, headers, body, client))
+
+    async def answer_held(
+        self,
+        method: str,
+        path: str,
+        query: bytes,
+        raw_headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        client: tuple[str, int] | None,
+        hung_up: asyncio.Future[None],
+    ) -> Answer:
+        """The answer to a waiting request :meth:`takes` took, parked as :meth:`__call__`
+        parks it (``hung_up`` is done when its client goes away: :data:`_GONE`)."""
+        headers = _headers(raw_headers)
+        if self._stopping:
+            return _stopping_response(headers)
+        self.answered_now += 1
+
+        async def receive() -> Message:
+            await hung_up
+            return {"type": "http.disconnect"}
+
+        event = _http_event(method, path, query, headers, body, client)
+        answer = await self._answer_parked(event, headers, receive)
+        if answer is _GONE:
+            self.dropped += 1
+        return answer
 
     # --- streamed blob transfers (event loop; the disk work in the pool) ------------------
     async def _upload(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Answer:
@@ -920,6 +946,9 @@ class PlaneASGI:
 _GONE: Answer = (499, [], b"")
 #: blob uploads (``PUT`` of one of these paths) are streamed: see PlaneASGI._upload
 _BLOBS = "/v1/blobs/"
+#: the lanes of PlaneASGI.takes: a short request answered at once, a waiting one parked
+AT_ONCE = 1
+HELD = 2
 
 
 def _headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -1038,20 +1067,25 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol, answering a request it cannot parse (a malformed
     header, say) in the API's error shape instead of plain text.
 
-    With ``app``, the short lane: a request ``app`` answers on the loop at once (a
-    submit, a completion: see :meth:`PlaneASGI.takes`) is answered from the parser's
-    callbacks as its last byte arrives — no ASGI scope, cycle, task or messages (uvicorn's
-    part of a request is ~60 µs of the server's CPU), head and body in one write. Every
-    other request (parked claims and waits, blob transfers, requests on threads, a
-    request behind one still being answered, ``Expect: 100-continue``, a chunked body, a
-    proxy's forwarding headers) goes through uvicorn and the ASGI app as before. Not
-    used with the access log on (uvicorn writes it per cycle)."""
+    With ``app``, the short lane: a request ``app`` answers on the event loop (see
+    :meth:`PlaneASGI.takes`) is handed to it whole from the parser's callbacks, without
+    an ASGI scope, cycle or messages (uvicorn's part of a request is ~60 µs of the
+    server's CPU), and its answer goes out head and body in one write. A short one (a
+    submit, a completion) is answered as its last byte arrives; a waiting one (a claim,
+    a result wait) is parked as ``__call__`` parks it, in a task of its own, standing as
+    the connection's cycle meanwhile (uvicorn queues requests behind it; a stop and a
+    hang-up reach it as they reach a cycle: a hang-up is heard while nothing is queued
+    behind it, as for uvicorn's own cycles, whose reading pauses then). Every other
+    request (blob transfers, requests on threads, a request behind one still being
+    answered, ``Expect: 100-continue``, a chunked body, a proxy's forwarding headers)
+    goes through uvicorn and the ASGI app as before. Not used with the access log on
+    (uvicorn writes it per cycle)."""
     import httptools
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
     class PlaneProtocol(HttpToolsProtocol):
-        #: the request being taken by the short lane: method, path, query, keep-alive
-        _lane: tuple[str, str, bytes, bool] | None = None
+        #: the request the lane is taking: method, path, query, keep-alive, lane
+        _lane: tuple[str, str, bytes, bool, int] | None = None
         _lane_body: list[bytes]
 
         def send_400_response(self, msg: str) -> None:
@@ -1068,7 +1102,7 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
                 super().on_headers_complete()
 
         def _take(self) -> bool:
-            """Whether the short lane takes the request whose head just ended."""
+            """Whether the lane takes the request whose head just ended."""
             if (
                 self.expect_100_continue
                 or self.parser.should_upgrade()
@@ -1087,11 +1121,12 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             parsed = httptools.parse_url(self.url)
             path = parsed.path.decode("ascii")
             method = self.parser.get_method().decode("ascii")
-            if "%" in path or app is None or not app.takes(method, path, size):
+            lane = 0 if "%" in path or app is None else app.takes(method, path, size)
+            if not lane:
                 return False
             version = self.parser.get_http_version()
             keep = version != "1.0" and self.parser.should_keep_alive()
-            self._lane = (method, path, parsed.query or b"", keep)
+            self._lane = (method, path, parsed.query or b"", keep, lane)
             self._lane_body = []
             return True
 
@@ -1100,7 +1135,7 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             if lane is None:
                 super().shutdown()
             else:  # (its body still arriving: answered, then closed, as uvicorn does)
-                self._lane = (*lane[:3], False)
+                self._lane = (*lane[:3], False, lane[4])
 
         def on_body(self, body: bytes) -> None:
             if self._lane is not None:
@@ -1114,13 +1149,39 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
                 super().on_message_complete()
                 return
             self._lane = None
-            method, path, query, keep = lane
+            method, path, query, keep, kind = lane
             body = b"".join(self._lane_body)
             self._lane_body = []
             assert app is not None
-            status, headers, content = app.answer_now(
-                method, path, query, self.headers, body, self.client
+            if kind == AT_ONCE:
+                answer = app.answer_now(method, path, query, self.headers, body, self.client)
+                self._answer(method, answer, keep)
+                return
+            held = _Held(keep, self.loop.create_future())
+            self.cycle = held  # type: ignore[assignment]
+            hold = app.answer_held(
+                method, path, query, self.headers, body, self.client, held.hung_up
             )
+            task = self.loop.create_task(self._hold(method, held, hold))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+
+        async def _hold(self, method: str, held: _Held, hold: Awaitable[Answer]) -> None:
+            try:
+                answer = await hold
+            except Exception:
+                log.exception("unhandled error answering a held request")
+                answer = _error_response(500, "error", "internal error", {})
+            held.response_complete = True
+            if answer is _GONE or self.transport.is_closing():
+                return  # (its client hung up: nobody to answer)
+            self._answer(method, answer, held.keep_alive)
+
+        def _answer(self, method: str, answer: Answer, keep: bool) -> None:
+            """Write ``answer`` as uvicorn would, in one write; then what uvicorn does
+            when an answer is complete (the next request queued, or the keep-alive
+            timer), or close."""
+            status, headers, content = answer
             out = [STATUS_LINE[status]]
             for raw_name, raw_value in self.server_state.default_headers:
                 out += [raw_name, b": ", raw_value, b"\r\n"]
@@ -1146,6 +1207,34 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
                 self.transport.close()
 
     return PlaneProtocol
+
+
+class _HangUp:
+    """A held request's stand-in for its cycle's ``message_event``: uvicorn sets it when
+    the connection is lost, which settles the request's hang-up future."""
+
+    __slots__ = ("_hung_up",)
+
+    def __init__(self, hung_up: asyncio.Future[None]) -> None:
+        self._hung_up = hung_up
+
+    def set(self) -> None:
+        if not self._hung_up.done():
+            self._hung_up.set_result(None)
+
+
+class _Held:
+    """A parked request of the short lane, standing as its connection's cycle while it
+    waits (what uvicorn reads and sets on a cycle)."""
+
+    __slots__ = ("disconnected", "hung_up", "keep_alive", "message_event", "response_complete")
+
+    def __init__(self, keep_alive: bool, hung_up: asyncio.Future[None]) -> None:
+        self.response_complete = False
+        self.keep_alive = keep_alive  # (a stop sets it False: closed once answered)
+        self.disconnected = False
+        self.hung_up = hung_up
+        self.message_event = _HangUp(hung_up)
 
 
 #: request headers that keep a request off the short lane (see _protocol)

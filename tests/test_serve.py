@@ -831,18 +831,22 @@ def _undated(answer: bytes) -> bytes:
 
 
 def test_short_requests_answered_at_once_are_the_answers_of_the_asgi_app(tmp_path: Path) -> None:
-    """A submit, a hello, their refusals: each answered by the protocol's short lane (no
-    ASGI cycle) is byte for byte what uvicorn and the ASGI app answer, but its date."""
+    """A submit, a hello, claims and waits, their refusals: each answered by the
+    protocol's short lane (no ASGI cycle; the waiting ones parked) is byte for byte what
+    uvicorn and the ASGI app answer, but its date."""
     with LocalServer(tmp_path / "plane.db") as server:
         assert server.asgi is not None and server.admin_token is not None
         admin, url = server.admin_token, server.url
         producer = make_token(url, admin, "producer")
         conn = connect(url)
-        assert request(conn, "POST", "/v1/queues", {"name": "lane"}, token=admin)[0] == 200
+        for name in ("lane", "idle"):
+            assert request(conn, "POST", "/v1/queues", {"name": name}, token=admin)[0] == 200
         conn.close()
         submit = json.dumps(
             {"invocations": [{"id": "lane-1", "queue": "lane", "ref": "math:sqrt", "args": [4]}]}
         ).encode()
+        claim = json.dumps({"queues": ["idle"], "worker": "w", "wait": 0.05}).encode()
+        wait = json.dumps({"ids": ["lane-1"], "timeout": 0.05}).encode()
 
         def req(method: str, path: str, body: bytes = b"", token: str | None = producer) -> bytes:
             auth = b"Authorization: Bearer %s\r\n" % token.encode() if token else b""
@@ -860,6 +864,10 @@ def test_short_requests_answered_at_once_are_the_answers_of_the_asgi_app(tmp_pat
             req("POST", "/v1/invocations", b'{"invocations": [}'),  # 400
             req("GET", "/v1/queues/lane?x=1"),
             req("GET", "/v1/nowhere"),  # 404
+            # waiting requests, parked until their time is up
+            req("POST", "/v1/claims", claim, token=admin),  # nothing to claim
+            req("POST", "/v1/claims", claim),  # 403: a producer's token
+            req("POST", "/v1/invocations/wait", wait),  # not run: still pending
         ]
         before = server.asgi.answered_now
         server.asgi.lane = False
@@ -870,7 +878,7 @@ def test_short_requests_answered_at_once_are_the_answers_of_the_asgi_app(tmp_pat
         assert server.asgi.answered_now == before + len(requests)
     assert at_once == through_asgi
     statuses = [int(a.split(b" ")[1]) for a in at_once]
-    assert statuses == [200, 405, 401, 200, 400, 200, 404]
+    assert statuses == [200, 405, 401, 200, 400, 200, 404, 200, 403, 200]
 
 
 def test_the_short_lane_keeps_the_order_of_answers_and_the_connection_rules(
@@ -938,5 +946,39 @@ def test_a_short_request_caught_by_a_stop_mid_body_is_answered_then_closed(
             while chunk := sock.recv(65536):
                 answer += chunk
         assert answer.startswith(b"HTTP/1.1 503") and b"connection: close" in answer
+    finally:
+        server.stop()
+
+
+def _claim_request(token: str, wait: float) -> bytes:
+    body = json.dumps({"queues": ["held"], "worker": "w", "wait": wait}).encode()
+    return (
+        b"POST /v1/claims HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s"
+        % (token.encode(), len(body), body)
+    )
+
+
+def test_a_stop_answers_a_held_claim_503_and_closes_its_connection(tmp_path: Path) -> None:
+    """A claim parked by the short lane is cut by a stop as one parked through ASGI is."""
+    server = LocalServer(tmp_path / "plane.db")
+    server.start()
+    try:
+        assert server.asgi is not None and server.admin_token is not None
+        admin = server.admin_token
+        conn = connect(server.url)
+        assert request(conn, "POST", "/v1/queues", {"name": "held"}, token=admin)[0] == 200
+        conn.close()
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(_claim_request(admin, 10))
+            wait_for(lambda: len(server.asgi._parked) == 1)  # type: ignore[union-attr]
+            began = time.monotonic()
+            server.request_stop()
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503") and b'"unavailable"' in answer
+        assert time.monotonic() - began < 5  # (answered, then the connection closed)
     finally:
         server.stop()
