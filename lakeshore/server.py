@@ -1097,6 +1097,12 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             self.transport.write(head + body)
             self.transport.close()
 
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            # (a request in the segment of a short answer: that answer armed the
+            # keep-alive timer, which must not cut this one)
+            self._unset_keepalive_if_required()
+
         def on_headers_complete(self) -> None:
             if app is None or not self._take():
                 super().on_headers_complete()
@@ -1108,6 +1114,7 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
                 or self.parser.should_upgrade()
                 or (self.cycle is not None and not self.cycle.response_complete)
                 or self.pipeline
+                or self.flow.write_paused  # (its client reads slowly: uvicorn's drain)
             ):
                 return False
             size = 0

@@ -982,3 +982,68 @@ def test_a_stop_answers_a_held_claim_503_and_closes_its_connection(tmp_path: Pat
         assert time.monotonic() - began < 5  # (answered, then the connection closed)
     finally:
         server.stop()
+
+
+def test_the_short_lane_keeps_uvicorns_keep_alive_flow_control_and_close(tmp_path: Path) -> None:
+    """Behind a short answer in the same segment, the keep-alive timer does not cut a
+    waiting request; a client that does not read its answers is not answered into an
+    unbounded buffer (reading pauses, as uvicorn's own cycles make it); a request behind
+    one that closes the connection is never run (the parser refuses what follows)."""
+    with LocalServer(tmp_path / "plane.db") as server:
+        assert server.asgi is not None and server.admin_token is not None
+        assert server.uvicorn is not None
+        admin, url = server.admin_token, server.url
+        conn = connect(url)
+        assert request(conn, "POST", "/v1/queues", {"name": "held"}, token=admin)[0] == 200
+        conn.close()
+        hello = b"GET /v1/hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (
+            admin.encode()
+        )
+        # a claim waiting 1 s behind a hello, with a keep-alive of 0.3 s
+        server.uvicorn.config.timeout_keep_alive = 0.3  # type: ignore[assignment]
+        first, second = _raw(url, hello + _claim_request(admin, 1.0), 2)
+        assert first.startswith(b"HTTP/1.1 200") and second.startswith(b"HTTP/1.1 200")
+        assert b'"claims":[]' in second
+        server.uvicorn.config.timeout_keep_alive = 65
+        # a client sending many requests and reading nothing
+        n = 3000
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        with socket.socket() as sock:
+            # small buffers both ways: the answers back up in the server's transport
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.settimeout(30)
+            sock.connect((host, int(port)))
+            connections = server.uvicorn.server_state.connections
+            me = sock.getsockname()
+            wait_for(lambda: any(tuple(c.client) == me for c in list(connections)))  # type: ignore[attr-defined]
+            (c,) = [c for c in list(connections) if tuple(c.client) == me]  # type: ignore[attr-defined]
+            c.transport.get_extra_info("socket").setsockopt(  # type: ignore[attr-defined]
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 4096
+            )
+            sender = threading.Thread(target=sock.sendall, args=(hello * n,), daemon=True)
+            before = server.asgi.answered_now
+            sender.start()
+            wait_for(lambda: c.flow.read_paused)  # type: ignore[attr-defined]
+            assert server.asgi.answered_now - before < n // 2
+            assert c.transport.get_write_buffer_size() < 1 << 20  # type: ignore[attr-defined]
+            got = b""
+            while got.count(b"HTTP/1.1 200") < n:
+                chunk = sock.recv(1 << 20)
+                assert chunk
+                got += chunk
+            sender.join(10)
+        # a submit behind a request that closes the connection
+        sub = json.dumps(
+            {"invocations": [{"id": "behind", "queue": "held", "ref": "math:sqrt", "args": [4]}]}
+        ).encode()
+        submit = (
+            b"POST /v1/invocations HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (admin.encode(), len(sub), sub)
+        )
+        closing = hello.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n")
+        answer, rest = _raw(url, closing + submit, until_closed=True)
+        assert answer.startswith(b"HTTP/1.1 200") and rest == b""
+        conn = connect(url)
+        assert request(conn, "GET", "/v1/invocations/behind", token=admin)[0] == 404
+        conn.close()
