@@ -1078,8 +1078,9 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
     behind it, as for uvicorn's own cycles, whose reading pauses then). Every other
     request (blob transfers, requests on threads, a request behind one still being
     answered, ``Expect: 100-continue``, a chunked body, a proxy's forwarding headers)
-    goes through uvicorn and the ASGI app as before. Not used with the access log on
-    (uvicorn writes it per cycle)."""
+    goes through uvicorn and the ASGI app as before, and so does a pipelined burst past
+    its first request in one read, and a connection whose client is slow to read. Not
+    used with the access log on (uvicorn writes it per cycle)."""
     import httptools
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -1087,6 +1088,8 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
         #: the request the lane is taking: method, path, query, keep-alive, lane
         _lane: tuple[str, str, bytes, bool, int] | None = None
         _lane_body: list[bytes]
+        #: requests the lane took from the bytes being read now (see _LANE_PER_READ)
+        _taken = 0
 
         def send_400_response(self, msg: str) -> None:
             body = json.dumps({"error": {"code": "invalid_request", "message": msg}}).encode()
@@ -1096,6 +1099,10 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             )
             self.transport.write(head + body)
             self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            self._taken = 0
+            super().data_received(data)
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -1115,6 +1122,7 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
                 or (self.cycle is not None and not self.cycle.response_complete)
                 or self.pipeline
                 or self.flow.write_paused  # (its client reads slowly: uvicorn's drain)
+                or self._taken >= _LANE_PER_READ  # (a pipelined burst: a task each)
             ):
                 return False
             size = 0
@@ -1135,6 +1143,7 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             keep = version != "1.0" and self.parser.should_keep_alive()
             self._lane = (method, path, parsed.query or b"", keep, lane)
             self._lane_body = []
+            self._taken += 1
             return True
 
         def shutdown(self) -> None:
@@ -1161,7 +1170,11 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             self._lane_body = []
             assert app is not None
             if kind == AT_ONCE:
-                answer = app.answer_now(method, path, query, self.headers, body, self.client)
+                try:
+                    answer = app.answer_now(method, path, query, self.headers, body, self.client)
+                except Exception:  # (the resolver answers what it knows: this is a bug)
+                    log.exception("unhandled error answering %s", path)
+                    answer = _error_response(500, "error", "internal error", {})
                 self._answer(method, answer, keep)
                 return
             held = _Held(keep, self.loop.create_future())
@@ -1244,6 +1257,10 @@ class _Held:
         self.message_event = _HangUp(hung_up)
 
 
+#: requests the short lane takes from one read of a connection: the rest of a pipelined
+#: burst goes through uvicorn, a task turn each, so one client cannot hold the event loop
+#: for the whole burst
+_LANE_PER_READ = 1
 #: request headers that keep a request off the short lane (see _protocol)
 _NOT_SHORT = frozenset({b"transfer-encoding", b"x-forwarded-for", b"x-forwarded-proto"})
 
