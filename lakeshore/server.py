@@ -46,7 +46,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 from .handlers import apigw
 
@@ -460,35 +460,18 @@ class PlaneASGI:
             return HELD
         return AT_ONCE if self.inline(method, path, size) else 0
 
-    def answer_now(
-        self,
-        method: str,
-        path: str,
-        query: bytes,
-        raw_headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        client: tuple[str, int] | None,
-    ) -> Answer:
+    def answer_now(self, request: ShortRequest) -> Answer:
         """The answer to a request :meth:`takes` took at once, as :meth:`__call__` makes it."""
-        headers = _headers(raw_headers)
+        headers = _headers(request.headers)
         if self._stopping:
             return _stopping_response(headers)
         self.answered_now += 1
-        return self._resolve(_http_event(method, path, query, headers, body, client))
+        return self._resolve(request.event(headers))
 
-    async def answer_held(
-        self,
-        method: str,
-        path: str,
-        query: bytes,
-        raw_headers: list[tuple[bytes, bytes]],
-        body: bytes,
-        client: tuple[str, int] | None,
-        hung_up: asyncio.Future[None],
-    ) -> Answer:
+    async def answer_held(self, request: ShortRequest, hung_up: asyncio.Future[None]) -> Answer:
         """The answer to a waiting request :meth:`takes` took, parked as :meth:`__call__`
         parks it (``hung_up`` is done when its client goes away: :data:`_GONE`)."""
-        headers = _headers(raw_headers)
+        headers = _headers(request.headers)
         if self._stopping:
             return _stopping_response(headers)
         self.answered_now += 1
@@ -497,8 +480,7 @@ class PlaneASGI:
             await hung_up
             return {"type": "http.disconnect"}
 
-        event = _http_event(method, path, query, headers, body, client)
-        answer = await self._answer_parked(event, headers, receive)
+        answer = await self._answer_parked(request.event(headers), headers, receive)
         if answer is _GONE:
             self.dropped += 1
         return answer
@@ -960,6 +942,22 @@ def _headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     return headers
 
 
+class ShortRequest(NamedTuple):
+    """A whole request the server's protocol hands to :class:`PlaneASGI` by the short
+    lane (see :meth:`PlaneASGI.takes`)."""
+
+    method: str
+    path: str
+    query: bytes
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    client: tuple[str, int] | None
+
+    def event(self, headers: dict[str, str]) -> dict[str, Any]:
+        """Its API Gateway event, with ``headers`` (its headers by name)."""
+        return _http_event(self.method, self.path, self.query, headers, self.body, self.client)
+
+
 def _http_event(
     method: str,
     path: str,
@@ -1169,9 +1167,10 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             body = b"".join(self._lane_body)
             self._lane_body = []
             assert app is not None
+            request = ShortRequest(method, path, query, self.headers, body, self.client)
             if kind == AT_ONCE:
                 try:
-                    answer = app.answer_now(method, path, query, self.headers, body, self.client)
+                    answer = app.answer_now(request)
                 except Exception:  # (the resolver answers what it knows: this is a bug)
                     log.exception("unhandled error answering %s", path)
                     answer = _error_response(500, "error", "internal error", {})
@@ -1179,9 +1178,7 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
                 return
             held = _Held(keep, self.loop.create_future())
             self.cycle = held  # type: ignore[assignment]
-            hold = app.answer_held(
-                method, path, query, self.headers, body, self.client, held.hung_up
-            )
+            hold = app.answer_held(request, held.hung_up)
             task = self.loop.create_task(self._hold(method, held, hold))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
