@@ -11,7 +11,10 @@
                            ▼
                  apigw.http_response(...) → one response, Content-Length, one body message
 
-The resolver is synchronous. Short requests are answered on the event loop itself.
+The resolver is synchronous. Short requests are answered on the event loop itself, and
+they and the parked ones below come by the *short lane*: uvicorn's protocol, subclassed
+(:func:`_protocol`), hands each to the app whole from its parser's callbacks, without an
+ASGI cycle, and writes its answer in one write.
 Some routes wait (claims with ``wait``, invocation waits: up to ``limits.max_wait``):
 with the plane's :class:`~.plane.changes.Changes` given, small ones are *parked* — the
 event loop resolves them with waits that do not block (the route answers as if its time
