@@ -1038,15 +1038,22 @@ def _error_response(status: int, code: str, message: str, headers: Mapping[str, 
     return status, [("content-type", media)], body
 
 
-async def _send(
-    send: Send, status: int, headers: list[tuple[str, str]], body: bytes, *, head: bool = False
-) -> None:
+def _raw_headers(headers: list[tuple[str, str]], body: bytes) -> list[tuple[bytes, bytes]]:
+    """An answer's headers as they go out: lower-case names, its own length (a length
+    or transfer encoding it named is dropped)."""
     raw = [
         (k.lower().encode("latin-1"), v.encode("latin-1"))
         for k, v in headers
         if k.lower() not in ("content-length", "transfer-encoding")
     ]
     raw.append((b"content-length", str(len(body)).encode()))
+    return raw
+
+
+async def _send(
+    send: Send, status: int, headers: list[tuple[str, str]], body: bytes, *, head: bool = False
+) -> None:
+    raw = _raw_headers(headers, body)
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": b"" if head else body})
 
@@ -1206,14 +1213,10 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             for raw_name, raw_value in self.server_state.default_headers:
                 out += [raw_name, b": ", raw_value, b"\r\n"]
             closes = False
-            for name, value in headers:
-                key = name.lower()
-                if key in ("content-length", "transfer-encoding"):
-                    continue
-                if key == "connection" and "close" in value.lower():
+            for name, value in _raw_headers(headers, content):
+                if name == b"connection" and b"close" in value.lower():
                     keep, closes = False, True
-                out += [key.encode("latin-1"), b": ", value.encode("latin-1"), b"\r\n"]
-            out.append(b"content-length: %d\r\n" % len(content))
+                out += [name, b": ", value, b"\r\n"]
             if not keep and not closes:
                 out.append(b"connection: close\r\n")
             out.append(b"\r\n")
