@@ -799,6 +799,20 @@ def test_a_request_http_cannot_parse_gets_a_400_in_the_apis_shape(served: Served
 # --- the short lane -------------------------------------------------------------------------------
 
 
+def _make_queues(url: str, admin: str, *names: str) -> None:
+    conn = connect(url)
+    for name in names:
+        assert request(conn, "POST", "/v1/queues", {"name": name}, token=admin)[0] == 200
+    conn.close()
+
+
+def _hello(token: str) -> bytes:
+    """A raw ``GET /v1/hello`` with ``token``."""
+    return b"GET /v1/hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (
+        token.encode()
+    )
+
+
 def _raw(url: str, data: bytes, answers: int = 1, *, until_closed: bool = False) -> list[bytes]:
     """Send ``data`` as it is on one connection; the whole answers read back, in order
     (each its head and its Content-Length body), or everything until the server closes."""
@@ -838,10 +852,7 @@ def test_short_requests_answered_at_once_are_the_answers_of_the_asgi_app(tmp_pat
         assert server.asgi is not None and server.admin_token is not None
         admin, url = server.admin_token, server.url
         producer = make_token(url, admin, "producer")
-        conn = connect(url)
-        for name in ("lane", "idle"):
-            assert request(conn, "POST", "/v1/queues", {"name": name}, token=admin)[0] == 200
-        conn.close()
+        _make_queues(url, admin, "lane", "idle")
         submit = json.dumps(
             {"invocations": [{"id": "lane-1", "queue": "lane", "ref": "math:sqrt", "args": [4]}]}
         ).encode()
@@ -888,12 +899,8 @@ def test_the_short_lane_keeps_the_order_of_answers_and_the_connection_rules(
         assert server.asgi is not None and server.admin_token is not None
         url, admin = server.url, server.admin_token
         worker = make_token(url, admin, "worker", ["lane"])
-        conn = connect(url)
-        assert request(conn, "POST", "/v1/queues", {"name": "lane"}, token=admin)[0] == 200
-        conn.close()
-        hello = b"GET /v1/hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (
-            admin.encode()
-        )
+        _make_queues(url, admin, "lane")
+        hello = _hello(admin)
         claim_body = json.dumps({"queues": ["lane"], "worker": "w", "wait": 0.3}).encode()
         claim = (
             b"POST /v1/claims HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
@@ -967,9 +974,7 @@ def test_a_stop_answers_a_held_claim_503_and_closes_its_connection(tmp_path: Pat
     try:
         assert server.asgi is not None and server.admin_token is not None
         admin = server.admin_token
-        conn = connect(server.url)
-        assert request(conn, "POST", "/v1/queues", {"name": "held"}, token=admin)[0] == 200
-        conn.close()
+        _make_queues(server.url, admin, "held")
         host, port = server.url.removeprefix("http://").rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(_claim_request(admin, 10))
@@ -996,12 +1001,8 @@ def test_the_short_lane_keeps_uvicorns_keep_alive_flow_control_and_close(tmp_pat
         assert server.asgi is not None and server.admin_token is not None
         assert server.uvicorn is not None
         admin, url = server.admin_token, server.url
-        conn = connect(url)
-        assert request(conn, "POST", "/v1/queues", {"name": "held"}, token=admin)[0] == 200
-        conn.close()
-        hello = b"GET /v1/hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (
-            admin.encode()
-        )
+        _make_queues(url, admin, "held")
+        hello = _hello(admin)
         # a claim waiting 1 s behind a hello, with a keep-alive of 0.3 s
         server.uvicorn.config.timeout_keep_alive = 0.3  # type: ignore[assignment]
         first, second = _raw(url, hello + _claim_request(admin, 1.0), 2)
@@ -1075,9 +1076,6 @@ def test_a_bug_under_a_short_answer_is_a_500_logged_not_a_400(
     with LocalServer(tmp_path / "plane.db") as server:
         assert server.admin_token is not None
         monkeypatch.setattr(server_module, "_http_event", broken)
-        hello = b"GET /v1/hello HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n" % (
-            server.admin_token.encode()
-        )
-        (answer,) = _raw(server.url, hello)
+        (answer,) = _raw(server.url, _hello(server.admin_token))
     assert answer.startswith(b"HTTP/1.1 500") and b'"internal error"' in answer
     assert "a bug" in caplog.text
