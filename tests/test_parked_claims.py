@@ -248,7 +248,7 @@ def test_a_call_coming_due_during_a_claims_look_is_not_missed(
     claiming(["elsewhere"], 6.0)  # (the server's poller running, its first look done)
     _settled(plane, parts[1], 1)
     inv = _submit(served, "soon", _delay=0.3)
-    reckon = plane._next_due_in
+    reckon = plane._next_due
     held_up: list[bool] = []
 
     def late(queues: Any, looked_at: float) -> float:
@@ -260,7 +260,7 @@ def test_a_call_coming_due_during_a_claims_look_is_not_missed(
             monkeypatch.setattr(plane, "clock", FakeClock(due + 0.01))
         return reckon(queues, looked_at)
 
-    monkeypatch.setattr(plane, "_next_due_in", late)
+    monkeypatch.setattr(plane, "_next_due", late)
     started = time.monotonic()
     got = claiming(["soon"], 20.0)
     # Then it looks again at once and takes the call

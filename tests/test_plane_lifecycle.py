@@ -1523,9 +1523,11 @@ def looking(
     plane: Plane, monkeypatch: pytest.MonkeyPatch, who: str, *, after: bool = False
 ) -> tuple[Any, Any]:
     """Hold the first look at the store of thread ``who``'s claim, before it reads (or
-    ``after``): returns the events (it is held, let it go on)."""
+    ``after``): returns the events (it is held, let it go on). Its look is made even
+    where a look just before found its queues drained (see ``Changes.drained``)."""
     inside, go = threading.Event(), threading.Event()
     real = plane._claim_now
+    monkeypatch.setattr(plane.changes, "drained_until", lambda *args: None)
 
     def held(*args: Any, **kwargs: Any) -> Any:
         first = threading.current_thread().name == who and not inside.is_set()

@@ -179,6 +179,20 @@ LOOK_AGAIN = 0.25
 PARKED_LOOK = 5.0
 #: most ids kept as submitted here and not yet finished (see :meth:`Changes.fresh`)
 FRESH_IDS = 100_000
+#: most sets of queues whose last look is kept (see :meth:`Changes.drained`)
+_DRAINED_KEYS = 64
+
+
+@dataclass(frozen=True)
+class _Drained:
+    """A look that left nothing to take on its queues (see :meth:`Changes.drained`)."""
+
+    #: the generation it began at
+    generation: int
+    #: plane time the earliest scheduled record on them comes due (inf: none)
+    due: float
+    #: monotonic time of the look
+    at: float
 
 
 class Changes:
@@ -221,6 +235,11 @@ class Changes:
         self._fresh: set[str] = set()
         #: finishes and removals told so far (see :meth:`submitted`)
         self._told = 0
+        #: on a store no other process writes, the last look that found some queues with
+        #: nothing to take, by queues (see :meth:`drained`); and the generation of the
+        #: last change that may have added work coming due later
+        self._drained: dict[tuple[str, ...], _Drained] = {}
+        self._later = 0
 
     # --- generic wake-ups --------------------------------------------------------
     @property
@@ -232,6 +251,8 @@ class Changes:
         waiters: int | None = None,
         queues: Iterable[str] = (),
         ids: Iterable[str] | None = None,
+        *,
+        due_now: bool = False,
     ) -> None:
         """A change: new work, or anything a claim wait may be waiting for. With
         ``waiters`` (a submit of that many records) only that many claim waits are woken
@@ -239,9 +260,13 @@ class Changes:
         one new job does not wake every idle worker of the process to look for it.
         ``queues`` names the queues the new work is on, when known (subscribers use it
         to wake only parked claims on them); ``ids``, the new records' ids, lets a claim
-        looking at the store now take a wake (see :class:`Look`)."""
+        looking at the store now take a wake (see :class:`Look`). ``due_now``: the change
+        added no work that comes due later (a submit of calls due at once); any other may
+        have (see :meth:`drained`)."""
         with self._cond:
             self._generation += 1
+            if not due_now:
+                self._later = self._generation
             if waiters is None:
                 self._work.notify_all()
             else:
@@ -301,6 +326,48 @@ class Changes:
                 look.owes = None
             if self._waiters:
                 self._work.notify(1)
+
+    def drained(
+        self, queues: Iterable[str], generation: int, now: float, due: float | None
+    ) -> None:
+        """A claim's look, begun at ``generation`` and at plane time ``now``, left nothing
+        it could take now on ``queues`` (it found nothing, or leased the last of it).
+        ``due`` is when their earliest scheduled record comes due (plane time; inf: none);
+        None when the look did not read it: it is carried over from the last such look,
+        if no change told since may have added work coming due later (a submit of calls
+        due at once does not) and that time has not come.
+
+        On a store no other process writes (every change is told here), a claim's look
+        at the same queues is then left out while nothing new is told, until that time
+        comes or :data:`LOOK_AGAIN` passes (see :meth:`drained_until`): a worker that
+        has just finished a job waits at once, instead of first reading an empty queue
+        and its next due time (two statements, each of which lets go of the GIL)."""
+        if self._store.shared:
+            return
+        key = tuple(queues)
+        with self._cond:
+            if due is None:
+                last = self._drained.get(key)
+                if last is None or self._later > last.generation or last.due <= now:
+                    self._drained.pop(key, None)
+                    return
+                due = last.due
+            if len(self._drained) >= _DRAINED_KEYS and key not in self._drained:
+                self._drained.clear()
+            self._drained[key] = _Drained(generation, due, time.monotonic())
+
+    def drained_until(self, queues: Iterable[str], generation: int, now: float) -> float | None:
+        """When scheduled work on ``queues`` comes due (plane time; inf: none), if a look
+        at generation ``generation`` may be left out (see :meth:`drained`); None: look."""
+        last = self._drained.get(tuple(queues)) if self._drained else None
+        if (
+            last is None
+            or last.generation != generation
+            or now >= last.due
+            or time.monotonic() - last.at >= LOOK_AGAIN
+        ):
+            return None
+        return last.due
 
     def wait(
         self,
@@ -584,6 +651,7 @@ class Changes:
                 self._finishes += 1  # always: a cursor wait reads it before it looks
             if new_work:
                 self._generation += 1
+                self._later = self._generation  # (a retry comes due after its backoff)
             if new_work or (finish and self._finish_waiters):
                 self._work.notify_all()
             if finish and self._finish_listeners > 0:

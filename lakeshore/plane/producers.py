@@ -48,7 +48,12 @@ class ProducerOps(PlaneBase):
         )
         for name in specs:
             self._touch(name, now)
-        self._changes.notify(len(invs), specs, [inv.id for inv in invs])
+        self._changes.notify(
+            len(invs),
+            specs,
+            [inv.id for inv in invs],
+            due_now=all(inv.available_at <= now for inv in invs),
+        )
         for inv, found in zip(invs, existing, strict=True):
             if found is not None and found.request_digest != inv.request_digest:
                 raise IdempotencyConflict(f"invocation {inv.id!r} exists with a different request")

@@ -57,8 +57,15 @@ class WorkerOps(PlaneBase):
                 looked_at = self.clock.now()
                 self.maybe_sweep()
                 capped: list[bool] = []
-                claims = self._claim_now(
-                    queues, worker, limit, lease_seconds or self.lease_seconds, capped
+                drained: list[bool] = []
+                # (nothing new since a look found these queues with nothing to take: none)
+                due_at = self._changes.drained_until(queues, generation, looked_at)
+                claims = (
+                    []
+                    if due_at is not None
+                    else self._claim_now(
+                        queues, worker, limit, lease_seconds or self.lease_seconds, capped, drained
+                    )
                 )
                 if not claims and seen is not None and generation != seen:
                     self._changes.pass_on(look)  # woken for work not ours: wake another
@@ -67,6 +74,8 @@ class WorkerOps(PlaneBase):
                 if claims or remaining <= 0 or (should_stop is not None and should_stop()):
                     if claims:
                         self._changes.took(c.queue for c in claims)
+                        if all(drained) and not any(capped):  # (it leased the last)
+                            self._changes.drained(queues, generation, looked_at, None)
                     self._changes.looked(look, [c.id for c in claims])
                     look = None
                     return claims
@@ -75,7 +84,11 @@ class WorkerOps(PlaneBase):
                 # parked one not: its holder sweeps while claims are parked (PlaneASGI),
                 # so an idle worker costs the plane nothing until work arrives. A capped
                 # queue may have work held back by its cap: a finish frees a slot.
-                due = min(remaining, self._next_due_in(queues, looked_at))
+                if due_at is None:
+                    due_at = self._next_due(queues, looked_at)
+                    if all(drained) and not any(capped):
+                        self._changes.drained(queues, generation, looked_at, due_at)
+                due = min(remaining, max(due_at - self.clock.now(), 0.001))
                 waited = self._changes.wait(
                     generation,
                     min(due, LOOK_AGAIN),
@@ -93,17 +106,16 @@ class WorkerOps(PlaneBase):
             finally:
                 self._changes.looked(look)
 
-    def _next_due_in(self, queues: Sequence[str], looked_at: float) -> float:
-        """Seconds until the earliest invocation of ``queues`` that was not due at
-        ``looked_at`` (when the claim looked) comes due: at once for one that came due
-        since (the look missed it), infinite when none is scheduled."""
-        now = self.clock.now()
+    def _next_due(self, queues: Sequence[str], looked_at: float) -> float:
+        """Plane time the earliest invocation of ``queues`` that was not due at
+        ``looked_at`` (when the claim looked) comes due (one that came due since, the
+        look missed: look again at once); infinite when none is scheduled."""
         soonest = math.inf
         for name in queues:
             t = self.store.next_available_at(name)
             if t is not None and t > looked_at:
-                soonest = min(soonest, t - now)
-        return max(soonest, 0.001)
+                soonest = min(soonest, t)
+        return soonest
 
     def _claim_now(
         self,
@@ -112,8 +124,11 @@ class WorkerOps(PlaneBase):
         limit: int,
         lease_seconds: float,
         capped: list[bool] | None = None,
+        drained: list[bool] | None = None,
     ) -> list[Claim]:
-        """Lease what is there now; ``capped`` gets whether any queue has a running cap."""
+        """Lease what is there now; ``capped`` gets whether any queue has a running cap,
+        ``drained`` whether each queue's last read came back short (nothing more on it
+        to take now; a deleted queue has nothing)."""
         claims: list[Claim] = []
         with self.batch(limit > 1):
             for name in queues:
@@ -122,21 +137,26 @@ class WorkerOps(PlaneBase):
                     continue
                 if capped is not None:
                     capped.append(running_cap(spec) is not None)
-                more = True
+                more, short = True, False
                 while more and len(claims) < limit:
-                    got, more = self._claim_from(spec, worker, limit - len(claims), lease_seconds)
+                    got, more, short = self._claim_from(
+                        spec, worker, limit - len(claims), lease_seconds
+                    )
                     claims.extend(got)
+                if drained is not None:
+                    drained.append(short)
         for name in {c.queue for c in claims}:
             self._touch(name, self.clock.now())
         return claims
 
     def _claim_from(
         self, spec: QueueSpec, worker: str, want: int, lease_seconds: float
-    ) -> tuple[list[Claim], bool]:
-        """One pass over the head of one queue: what it leased, and whether another pass
+    ) -> tuple[list[Claim], bool, bool]:
+        """One pass over the head of one queue: what it leased, whether another pass
         may find more (not when it leased nothing, nor when the read came back short and
         every lease held: the queue had no more then, and what arrived since woke the
-        claim's wait)."""
+        claim's wait), and whether it left nothing due on the queue (the read came back
+        short and no lease was lost to another claim)."""
         now = self.clock.now()
         cap = running_cap(spec)
         boltzmann = spec.kind == "boltzmann"
@@ -166,7 +186,8 @@ class WorkerOps(PlaneBase):
                 break
         if boltzmann and got:
             self.store.queue_counter(spec.name, len(got))
-        return got, bool(got) and (lost_any or len(candidates) >= fetch)
+        short = len(candidates) < fetch and not lost_any
+        return got, bool(got) and not short, short
 
     def _at_cap(self, queue: str, cap: int) -> bool:
         return self.store.running(queue) >= cap
