@@ -161,3 +161,46 @@ def test_a_look_left_out_is_taken_again_after_the_look_again_pace(
     # When LOOK_AGAIN passes
     # Then a claim looks and takes it
     wait_for(lambda: take(plane) == ["untold"], 5, "the untold call was not taken")
+
+
+def test_a_lease_the_claims_own_sweep_hands_back_is_taken_by_that_claim(
+    clock: FakeClock,
+) -> None:
+    # Given a call leased and a claim that found the queue empty since
+    plane = Plane(SqliteStore(":memory:"), clock=clock, lease_seconds=5, sweep_interval=1)
+    try:
+        plane.ensure_queue(QueueSpec(QUEUE))
+        submit(plane, "leased")
+        assert take(plane) == ["leased"]
+        assert take(plane, wait=0.01) == []
+        # When the lease runs out and a claim comes (its sweep hands the call back)
+        clock.advance(10)
+        # Then that claim takes it (the sweep's change is seen, not the look before it)
+        assert take(plane) == ["leased"]
+    finally:
+        plane.close()
+
+
+def test_a_call_submitted_during_an_empty_look_does_not_hide_a_scheduled_one(
+    plane: Plane, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a call scheduled in 10 s, and a claim whose look reads the queue's head just
+    # before a call due now lands (its read of the next due time then finds that one)
+    submit(plane, "scheduled", delay=10)
+    read = plane.store.pending
+    landed: list[bool] = []
+
+    def pending(queue: str, now: float, limit: int) -> Any:
+        rows = read(queue, now, limit)
+        if not landed:
+            landed.append(True)
+            submit(plane, "now")
+        return rows
+
+    monkeypatch.setattr(plane.store, "pending", pending)
+    # When the claim takes the call due now (on its next look), and the scheduled one
+    # comes due
+    assert take(plane, wait=5) == ["now"]
+    clock.advance(11)
+    # Then a claim takes the scheduled one
+    assert take(plane) == ["scheduled"]

@@ -251,7 +251,7 @@ def test_a_call_coming_due_during_a_claims_look_is_not_missed(
     reckon = plane._next_due
     held_up: list[bool] = []
 
-    def late(queues: Any, looked_at: float) -> float:
+    def late(queues: Any, looked_at: float) -> tuple[float, bool]:
         if list(queues) == ["soon"] and not held_up:
             held_up.append(True)
             due = plane.store.next_available_at("soon")

@@ -358,11 +358,14 @@ class Changes:
 
     def drained_until(self, queues: Iterable[str], generation: int, now: float) -> float | None:
         """When scheduled work on ``queues`` comes due (plane time; inf: none), if a look
-        at generation ``generation`` may be left out (see :meth:`drained`); None: look."""
+        at generation ``generation`` may be left out (see :meth:`drained`); None: look.
+        Nothing may have changed since that generation either (a sweep the claim made
+        after reading it may have handed a lease back)."""
         last = self._drained.get(tuple(queues)) if self._drained else None
         if (
             last is None
             or last.generation != generation
+            or self._generation != generation
             or now >= last.due
             or time.monotonic() - last.at >= LOOK_AGAIN
         ):

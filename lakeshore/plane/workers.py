@@ -85,8 +85,8 @@ class WorkerOps(PlaneBase):
                 # so an idle worker costs the plane nothing until work arrives. A capped
                 # queue may have work held back by its cap: a finish frees a slot.
                 if due_at is None:
-                    due_at = self._next_due(queues, looked_at)
-                    if all(drained) and not any(capped):
+                    due_at, clean = self._next_due(queues, looked_at)
+                    if clean and all(drained) and not any(capped):
                         self._changes.drained(queues, generation, looked_at, due_at)
                 due = min(remaining, max(due_at - self.clock.now(), 0.001))
                 waited = self._changes.wait(
@@ -106,16 +106,23 @@ class WorkerOps(PlaneBase):
             finally:
                 self._changes.looked(look)
 
-    def _next_due(self, queues: Sequence[str], looked_at: float) -> float:
+    def _next_due(self, queues: Sequence[str], looked_at: float) -> tuple[float, bool]:
         """Plane time the earliest invocation of ``queues`` that was not due at
         ``looked_at`` (when the claim looked) comes due (one that came due since, the
-        look missed: look again at once); infinite when none is scheduled."""
-        soonest = math.inf
+        look missed: look again at once), infinite when none is scheduled; and whether
+        no queue's earliest is a call due by then (one submitted during the look, which
+        moved the generation the claim waits past, and hides that queue's scheduled
+        calls from this read)."""
+        soonest, clean = math.inf, True
         for name in queues:
             t = self.store.next_available_at(name)
-            if t is not None and t > looked_at:
+            if t is None:
+                continue
+            if t > looked_at:
                 soonest = min(soonest, t)
-        return soonest
+            else:
+                clean = False
+        return soonest, clean
 
     def _claim_now(
         self,
