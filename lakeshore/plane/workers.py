@@ -67,6 +67,8 @@ class WorkerOps(PlaneBase):
                         queues, worker, limit, lease_seconds or self.lease_seconds, capped, drained
                     )
                 )
+                # (these queues left with nothing to take now, and no cap holding work back)
+                keep = due_at is None and all(drained) and not any(capped)
                 if not claims and seen is not None and generation != seen:
                     self._changes.pass_on(look)  # woken for work not ours: wake another
                 seen = generation
@@ -74,7 +76,7 @@ class WorkerOps(PlaneBase):
                 if claims or remaining <= 0 or (should_stop is not None and should_stop()):
                     if claims:
                         self._changes.took(c.queue for c in claims)
-                        if all(drained) and not any(capped):  # (it leased the last)
+                        if keep:  # (it leased the last)
                             self._changes.drained(queues, generation, looked_at, None)
                     self._changes.looked(look, [c.id for c in claims])
                     look = None
@@ -86,7 +88,7 @@ class WorkerOps(PlaneBase):
                 # queue may have work held back by its cap: a finish frees a slot.
                 if due_at is None:
                     due_at, clean = self._next_due(queues, looked_at)
-                    if clean and all(drained) and not any(capped):
+                    if clean and keep:
                         self._changes.drained(queues, generation, looked_at, due_at)
                 due = min(remaining, max(due_at - self.clock.now(), 0.001))
                 waited = self._changes.wait(
