@@ -111,7 +111,21 @@ def _fn_name(fn: Any) -> str:
     return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn))
 
 
+#: types that :mod:`pickle` writes to the same bytes as cloudpickle (nothing by value)
+_PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
+
+
+def _dumps(value: Any) -> bytes:
+    """``cloudpickle.dumps(value)``: by :mod:`pickle` itself for a plain value, which
+    pickles to the same bytes without cloudpickle's set-up for each call (~2.5 µs)."""
+    if type(value) in _PLAIN:
+        return pickle.dumps(value, PICKLE_PROTOCOL)
+    return bytes(cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL))
+
+
 def _pickle_args(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    if all(type(a) in _PLAIN for a in args) and all(type(v) in _PLAIN for v in kwargs.values()):
+        return pickle.dumps((args, kwargs), PICKLE_PROTOCOL)  # (the bytes cloudpickle writes)
     try:
         return bytes(cloudpickle.dumps((args, kwargs), protocol=PICKLE_PROTOCOL))
     except Exception as exc:
@@ -257,7 +271,7 @@ def encode_result(
             env = None
     if env is None:
         try:
-            pickled = cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL)
+            pickled = _dumps(value)
         except Exception as exc:
             raise SerializationError(
                 f"the return value ({type(value).__name__}) cannot be pickled: {exc}"

@@ -35,6 +35,7 @@ from dreamlake.lakeshore.worker.child import (
     child_main,
 )
 from dreamlake.lakeshore.worker.execute import Outcome
+from dreamlake.lakeshore.worker.pipes import Pipe
 from dreamlake.lakeshore.worker.pool import ProcessWorker
 from dreamlake.lakeshore.worker.report import report_many
 
@@ -708,7 +709,7 @@ def test_a_job_process_makes_a_claim_and_runs_nothing_once_its_worker_stops() ->
         parent_end, child_end = multiprocessing.Pipe()
         msg = ("claim", ["q"], "w", 2, 0.0, 60.0, True)
         plane = plane_answering(answer)
-        to_run = _claim_here(plane, msg, _Sent(child_end), lambda: stopping)
+        to_run = _claim_here(plane, msg, _Sent(Pipe(child_end)), lambda: stopping)
         return to_run, parent_end.recv()
 
     # leased: the parent hears of it all first, and this process runs the first
@@ -881,7 +882,7 @@ def test_a_job_whose_child_is_completing_it_is_not_killed(dp: dls.Dispatch, why:
     claim = Claim("i", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=1.0)
     killed: list[str] = []
     w._kill = lambda s, reason: killed.append(reason)  # type: ignore[method-assign]
-    slot.proc, slot.conn = SimpleNamespace(pid=-1), parent_end
+    slot.proc, slot.conn = SimpleNamespace(pid=-1), Pipe(parent_end)
     w._begin(slot, claim)
     child_end.send(("finishing", claim.id))
     # When a heartbeat finds it finished (as cancelled), or its timeout passes, before

@@ -40,6 +40,7 @@ from ..heap import keep_freed_memory
 from ..plane.model import Claim
 from ..wire import decode_payload
 from .execute import Outcome, read_unchecked
+from .pipes import Pipe
 
 __all__ = ["CHUNK", "child_main", "fn_of"]
 
@@ -50,7 +51,7 @@ CHUNK = 16 * 1024
 class _Sent:
     """A child's end of the pipe, safe to send on from several threads."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Pipe) -> None:
         self.conn = conn
         self.lock = threading.Lock()
 
@@ -142,6 +143,7 @@ def child_main(
     keep_freed_memory()
     for name in imports:
         importlib.import_module(name)
+    conn = Pipe(conn)
     pipe = _Sent(conn)
     out, err = _Capture(pipe, "stdout"), _Capture(pipe, "stderr")
     sys.stdout, sys.stderr = out, err
@@ -155,7 +157,7 @@ def child_main(
             # Read all that came (a skip may follow the run it cancels), then take one.
             if not inbox:
                 inbox.append(conn.recv())
-            while conn.poll():
+            while conn.ready():
                 inbox.append(conn.recv())
         except EOFError:
             return
@@ -180,7 +182,7 @@ def child_main(
                 inbox.appendleft(("run", claims[0], {}, msg[6] and len(claims) == 1))
             continue
         _, claim, blobs, alone = msg
-        fn = fn_of(claim)
+        fn = fn_of(claim) if blobs else None
         if fn is not None and fn in blobs:
             bodies.add(fn)  # the parent sends a body once: keep it even if this is skipped
         source.blobs.update(blobs)

@@ -41,7 +41,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import multiprocessing.connection
 import os
 import signal
 import threading
@@ -57,9 +56,10 @@ from ..dispatch import Dispatch
 from ..errors import LakeshoreError, Throttled, Unavailable
 from ..plane.model import Claim
 from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload
-from .child import CHUNK, child_main, fn_of
+from .child import CHUNK, child_main
 from .execute import Outcome, read_unchecked
 from .loop import default_worker_id
+from .pipes import Pipe, wait
 from .report import report_many
 
 __all__ = ["ProcessWorker", "on_stop_signals"]
@@ -100,7 +100,7 @@ _CLAIM_GRACE = 5.0
 class _Slot:
     index: int
     proc: Any = None
-    conn: Any = None
+    conn: Any = None  # a Pipe
     claim: Claim | None = None
     #: when the job must be done by (its timeout), in monotonic time
     deadline: float | None = None
@@ -246,7 +246,8 @@ class ProcessWorker:
         self._outcomes = threading.Condition(lock)
         #: what the fetcher waits on while a job process makes its claim (the answer)
         self._answered = threading.Condition(lock)
-        self._wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
+        wake_r, self._wake_w = multiprocessing.Pipe(duplex=False)
+        self._wake_r = Pipe(wake_r)
         self.completed = 0
 
     # ------------------------------------------------------------------ control
@@ -608,7 +609,7 @@ class ProcessWorker:
         if not slot.claiming:
             return
         with contextlib.suppress(EOFError, OSError, ValueError):
-            while slot.conn.poll():
+            while slot.conn.ready():
                 msg = slot.conn.recv()
                 if msg[0] == "claimed":
                     for claim in msg[1]:
@@ -785,7 +786,7 @@ class ProcessWorker:
         )
         proc.start()
         child.close()
-        slot.proc, slot.conn = proc, parent
+        slot.proc, slot.conn = proc, Pipe(parent)
         slot.sent, slot.jobs, slot.killed, slot.pgid = set(), 0, None, None
         slot.recycle = False
         slot.queued.clear()
@@ -808,9 +809,9 @@ class ProcessWorker:
 
     def _start(self, slot: _Slot, claim: Claim, *, behind: bool = False) -> None:
         blobs: dict[str, bytes] = {}
-        fn = fn_of(claim)
         try:
             env = decode_payload(claim.payload)
+            fn = env["fn"] if isinstance(env.get("fn"), str) else None
             if fn is not None and fn not in slot.sent:
                 blobs[fn] = self._blob(fn)
             if env.get("args_ref") and not self._job_reads_blobs:
@@ -898,10 +899,10 @@ class ProcessWorker:
             if slot.proc is not None:
                 owners[slot.conn] = owners[slot.proc.sentinel] = (slot, slot.proc)
         waiting: list[Any] = [*owners, self._wake_r]
-        for ready in multiprocessing.connection.wait(waiting, timeout):
+        for ready in wait(waiting, timeout):
             if ready is self._wake_r:
                 with contextlib.suppress(EOFError, OSError):
-                    while self._wake_r.poll():
+                    while self._wake_r.ready():
                         self._wake_r.recv_bytes()
                 continue
             slot, proc = owners[ready]
@@ -917,7 +918,7 @@ class ProcessWorker:
         conn: Any = slot.conn
         try:
             # (a message may retire the child and spawn another: its pipe is new then)
-            while slot.conn is conn and conn.poll():
+            while slot.conn is conn and conn.ready():
                 self._message(slot, conn.recv())
         except (EOFError, OSError):
             if slot.conn is conn:

@@ -1,0 +1,85 @@
+"""The pipe between a process worker and each of its job processes.
+
+A :class:`Pipe` wraps one end of a ``multiprocessing`` pipe. Its messages are tuples of
+plain data (claims, outcomes, ids, output text), pickled with :mod:`pickle` itself. Two
+costs of ``multiprocessing.connection.Connection`` are left out, because both are paid
+for every job on a busy worker:
+
+- ``Connection.send`` builds a ``ForkingPickler`` for each message, copying its
+  reducer table.
+- ``Connection.poll`` and ``multiprocessing.connection.wait`` build a ``selectors``
+  object on every call.
+
+So :meth:`Pipe.ready` asks a ``select.poll`` object the pipe registered once, and
+:func:`wait` builds one poll object from plain descriptors. The bytes on the pipe are the
+same as ``Connection.send``'s, so either end may still be a bare ``Connection``.
+
+Contract: :meth:`Pipe.ready` is true when a message is waiting or the other end has
+closed (``recv`` then raises ``EOFError``), as ``Connection.poll()`` is.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing.connection
+import pickle
+import select
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["Pipe", "wait"]
+
+#: poll(2) is on every platform workers run on; the rest use multiprocessing's wait
+_POLL = hasattr(select, "poll")
+
+
+class Pipe:
+    """One end of a worker's pipe to a job process (see the module)."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self._fd: int = conn.fileno()
+        self._poll = select.poll() if _POLL else None
+        if self._poll is not None:
+            self._poll.register(self._fd, select.POLLIN)
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+
+    def recv(self) -> Any:
+        return pickle.loads(self.conn.recv_bytes())
+
+    def recv_bytes(self) -> bytes:
+        return bytes(self.conn.recv_bytes())
+
+    def send_bytes(self, data: bytes) -> None:
+        self.conn.send_bytes(data)
+
+    def ready(self) -> bool:
+        """Whether :meth:`recv` would return at once (or raise: the other end closed)."""
+        if self._poll is None:
+            return bool(self.conn.poll())
+        if self.conn.closed:
+            raise OSError("handle is closed")
+        return bool(self._poll.poll(0))
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def wait(objects: Sequence[Any], timeout: float | None) -> list[Any]:
+    """Those of ``objects`` (pipes or file descriptors, such as a process's
+    ``sentinel``) that are readable, waiting up to ``timeout`` seconds for one."""
+    if not _POLL:
+        return list(multiprocessing.connection.wait(objects, timeout))
+    poller = select.poll()
+    by_fd: dict[int, Any] = {}
+    for obj in objects:
+        fd = obj if isinstance(obj, int) else obj.fileno()
+        by_fd[fd] = obj
+        poller.register(fd, select.POLLIN)
+    ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+    return [by_fd[fd] for fd, _ in poller.poll(ms)]
