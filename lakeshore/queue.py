@@ -318,10 +318,19 @@ class _QueueHandle:
     async def _wait_async(self, inv_id: str, timeout: float | None) -> Invocation:
         if _batch.current() is not None:
             await asyncio.to_thread(_send_open_batch)
+        if timeout is not None and timeout <= 0:
+            # No time to wait: what the plane has now (a watch over HTTP hears of a
+            # finish only at its poller's next answer, after any timer)
+            rec = self.dispatch.transport.get(inv_id)
+            if rec.state in FINISHED:
+                return rec
+            raise TimeoutError(
+                f"invocation {inv_id!r} did not finish within {timeout}s (it keeps going)"
+            )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Invocation] = loop.create_future()
-        inbox = _LoopInbox.of(loop)
-        unwatch = self.dispatch.transport.watch([inv_id], lambda rec: inbox.put(fut, rec))
+        group = _LoopInbox.of(loop).watching(self.dispatch.transport)
+        group.add(inv_id, fut)
         # A timer on the future, not asyncio.wait_for (a task a wait: in a gather of
         # thousands, a good part of the producer's CPU)
         timer = None if timeout is None else loop.call_later(max(0.0, timeout), _expire, fut)
@@ -334,7 +343,7 @@ class _QueueHandle:
         finally:
             if timer is not None:
                 timer.cancel()
-            unwatch()
+            group.left_one()
 
     def _status(self, inv_id: str) -> str:
         transport = self.dispatch.transport
@@ -365,6 +374,17 @@ class _LoopInbox:
         self.loop = loop
         self.lock = threading.Lock()
         self.items: list[tuple[asyncio.Future[Invocation], Invocation]] = []
+        #: the group of waits each transport takes in this turn of the loop (loop thread)
+        self.open: dict[int, _Watching] = {}
+
+    def watching(self, transport: Any) -> _Watching:
+        """The group of result waits on ``transport`` that this turn of the loop
+        registers together (called from the loop's thread)."""
+        group = self.open.get(id(transport))
+        if group is None:
+            group = self.open[id(transport)] = _Watching(self, transport)
+            self.loop.call_soon(group.register)
+        return group
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopInbox:
@@ -389,6 +409,78 @@ class _LoopInbox:
         for fut, rec in items:
             if not fut.done():
                 fut.set_result(rec)
+
+
+class _Watching:
+    """Result waits begun in one turn of an event loop on one transport, registered
+    with one ``transport.watch`` when the turn ends: ``asyncio.gather`` over thousands
+    of results starts every wait before any runs on, so they make one watch, not one
+    each (each watch takes the transport's locks and books of its own).
+
+    Each wait behaves as if it had watched alone: its future gets its record, or the
+    error a watch of its id alone raises (an unknown id, a closed transport). Ids that
+    finish leave the transport's books as they fire; those whose waits gave up (a
+    timeout, a cancel) are unwatched once every wait of the group is over.
+    """
+
+    __slots__ = ("here", "inbox", "left", "transport", "unwatches", "waits")
+
+    def __init__(self, inbox: _LoopInbox, transport: Any) -> None:
+        self.inbox = inbox
+        self.transport = transport
+        self.waits: dict[str, list[asyncio.Future[Invocation]]] = {}
+        #: waits of the group not over yet
+        self.left = 0
+        #: None until registered
+        self.unwatches: list[Callable[[], None]] | None = None
+        #: the loop's thread while it registers (records already finished fire there)
+        self.here: int | None = None
+
+    def add(self, inv_id: str, fut: asyncio.Future[Invocation]) -> None:
+        self.waits.setdefault(inv_id, []).append(fut)
+        self.left += 1
+
+    def register(self) -> None:
+        del self.inbox.open[id(self.transport)]
+        self.unwatches = []
+        if not self.left:
+            return  # every wait gave up before this
+        self.here = threading.get_ident()
+        try:
+            self.unwatches.append(self.transport.watch(list(self.waits), self._fire))
+        except Exception:
+            # One id the plane does not know fails the whole watch: each wait then
+            # gets what a watch of its id alone says.
+            for inv_id, futs in self.waits.items():
+                try:
+                    self.unwatches.append(self.transport.watch([inv_id], self._fire))
+                except Exception as exc:
+                    for fut in futs:
+                        if not fut.done():
+                            fut.set_exception(exc)
+        finally:
+            self.here = None
+        if not self.left:
+            self._unwatch()
+
+    def _fire(self, rec: Invocation) -> None:
+        here = self.here is not None and threading.get_ident() == self.here
+        for fut in self.waits.get(rec.id, ()):
+            if not here:
+                self.inbox.put(fut, rec)
+            elif not fut.done():  # (finished already: before any timer of the wait)
+                fut.set_result(rec)
+
+    def left_one(self) -> None:
+        """A wait of the group is over (its result came, or it gave up)."""
+        self.left -= 1
+        if not self.left and self.unwatches is not None:
+            self._unwatch()
+
+    def _unwatch(self) -> None:
+        unwatches, self.unwatches = self.unwatches or [], []
+        for unwatch in unwatches:
+            unwatch()
 
 
 class Queue(_QueueHandle):

@@ -275,7 +275,8 @@ class HttpTransport(Session):
         transport's shared long-poll. Returns a function that removes the watch.
         """
         ids = list(dict.fromkeys(ids))
-        fresh = [i for i in ids if not self._is_known(i)]
+        with self._lock:  # (once for all: a gather's watch has thousands of ids)
+            fresh = [i for i in ids if i not in self._known]
         finished: list[Invocation] = []
         for chunk in batches(fresh, self.limits.max_wait_ids):
             finished.extend(self._wait(list(chunk), 0.0))
@@ -693,7 +694,3 @@ class HttpTransport(Session):
                 self._known.move_to_end(inv_id)
             while len(self._known) > _KNOWN_IDS:
                 self._known.popitem(last=False)
-
-    def _is_known(self, inv_id: str) -> bool:
-        with self._lock:
-            return inv_id in self._known

@@ -102,6 +102,7 @@ class Watches:
                 raise LakeshoreError(f"{self.transport!r} is closed")
             kick: set[_Poller] = set()
             added = False
+            cap = self.transport.limits.max_wait_ids
             for inv_id in ids:
                 if inv_id in done:
                     entry.fired.add(inv_id)
@@ -109,7 +110,7 @@ class Watches:
                     continue
                 self.entries.setdefault(inv_id, []).append(entry)
                 if inv_id not in self.owner:
-                    poller = self._poller_with_room()
+                    poller = self._poller_with_room(cap)
                     poller.ids.add(inv_id)
                     self.owner[inv_id] = poller
                     added = True
@@ -154,8 +155,7 @@ class Watches:
             poller.ids.discard(inv_id)
         return entries
 
-    def _poller_with_room(self) -> _Poller:
-        cap = self.transport.limits.max_wait_ids
+    def _poller_with_room(self, cap: int) -> _Poller:
         for poller in self.pollers:
             if len(poller.ids) < cap:
                 return poller

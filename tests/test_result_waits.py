@@ -1,0 +1,142 @@
+"""Awaited results begun together share one watch (queue.py ``_Watching``), and each
+still behaves as if it had waited alone: its own value, its own error, its own timeout.
+On the embedded plane and over HTTP (``lakeshore serve``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from support import role_token, wait_for
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.errors import UnknownInvocation
+from dreamlake.lakeshore.server import LocalServer
+from dreamlake.lakeshore.wire import encode_result
+
+
+@pytest.fixture(params=["embedded", "serve"])
+def dp(request: pytest.FixtureRequest) -> Iterator[dls.Dispatch]:
+    if request.param == "embedded":
+        with dls.Dispatch(":memory:") as embedded:
+            yield embedded
+        return
+    served: LocalServer = request.getfixturevalue("served")
+    with dls.Dispatch(served.url, token=role_token(served, "admin")) as remote:
+        yield remote
+
+
+def finish(dp: dls.Dispatch, ids: list[str]) -> None:
+    """Run the calls ``ids`` by hand: each returns its position in ``ids``."""
+    claims = {c.id: c for c in dp.transport.claim(["w"], "hand", limit=len(ids), wait=0)}
+    dp.transport.complete_many(
+        [
+            (i, claims[i].lease_token, encode_result(k, prefer_msgpack=True)[0])
+            for k, i in enumerate(ids)
+        ]
+    )
+
+
+def watches_of(dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The id lists of every ``dp.transport.watch`` from now on."""
+    seen: list[list[str]] = []
+    real = dp.transport.watch
+
+    def watch(ids: Any, callback: Any) -> Any:
+        seen.append(list(ids))
+        return real(ids, callback)
+
+    monkeypatch.setattr(dp.transport, "watch", watch)
+    return seen
+
+
+def test_a_gather_of_many_results_makes_one_watch(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = dls.Queue("w", dispatch=dp)
+    sq = dls.SyncQueue("w", dispatch=dp)
+    ids = [sq.submit("builtins:abs", -k) for k in range(200)]
+    seen = watches_of(dp, monkeypatch)
+
+    async def gather() -> list[Any]:
+        waits = asyncio.gather(*(q.result(i, timeout=30) for i in ids))
+        await asyncio.sleep(0)  # (every wait has begun)
+        await asyncio.to_thread(finish, dp, ids)
+        return list(await waits)
+
+    # When 200 results are awaited together, each gets its own value
+    assert asyncio.run(gather()) == list(range(200))
+    # through one watch of all their ids
+    assert seen == [ids]
+
+
+def test_an_unknown_id_fails_its_own_wait_only(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
+    ids = [sq.submit("builtins:abs", -k) for k in range(3)]
+    finish(dp, ids)
+    stranger = "01" + "x" * 24
+
+    async def gather() -> list[Any]:
+        return list(
+            await asyncio.gather(
+                *(q.result(i, timeout=5) for i in [ids[0], stranger, ids[1], ids[2]]),
+                return_exceptions=True,
+            )
+        )
+
+    # When a wait on an id the plane never had is begun with others
+    first, unknown, *rest = asyncio.run(gather())
+    # Then that one raises as it would alone, and the others have their values
+    assert isinstance(unknown, UnknownInvocation)
+    assert [first, *rest] == [0, 1, 2]
+
+
+def test_a_wait_that_gives_up_leaves_the_others_and_is_unwatched_with_them(
+    dp: dls.Dispatch,
+) -> None:
+    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
+    ids = [sq.submit("builtins:abs", -k) for k in range(3)]
+    never = sq.submit("builtins:abs", -9, _delay=3600)  # (not due: nobody runs it)
+
+    async def gather() -> list[Any]:
+        waits = asyncio.gather(
+            q.result(never, timeout=0.2),
+            *(q.result(i, timeout=30) for i in ids),
+            return_exceptions=True,
+        )
+        # When the first gives up before the others' results come
+        await asyncio.sleep(0.4)
+        await asyncio.to_thread(finish, dp, ids)
+        return list(await waits)
+
+    timed_out, *values = asyncio.run(gather())
+    # Then it raised TimeoutError, and the others have their values
+    assert isinstance(timed_out, TimeoutError) and values == [0, 1, 2]
+    # And once every wait is over, nothing is watched any more
+    wait_for(lambda: not watched(dp))
+
+
+def watched(dp: dls.Dispatch) -> list[str]:
+    """The ids the transport still watches."""
+    hub = getattr(dp.transport, "_watches", None)
+    if hub is not None:  # over HTTP: the poller's books
+        with hub.cond:
+            return list(hub.entries)
+    changes = dp.transport._changes  # type: ignore[attr-defined]
+    with changes._cond:
+        return [i for i, entries in changes._watches.items() if entries]
+
+
+def test_a_result_finished_before_a_zero_timeout_wait_is_returned(dp: dls.Dispatch) -> None:
+    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
+    ids = [sq.submit("builtins:abs", -k) for k in range(4)]
+    finish(dp, ids)
+
+    async def gather() -> list[Any]:
+        return list(await asyncio.gather(*(q.result(i, timeout=0) for i in ids)))
+
+    assert asyncio.run(gather()) == [0, 1, 2, 3]
