@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -110,10 +111,9 @@ class _Histogram:
         self.count = 0
 
     def observe(self, value: float) -> None:
-        for i, bound in enumerate(BUCKETS):
-            if value <= bound:
-                self.counts[i] += 1
-                break
+        i = bisect_left(BUCKETS, value)  # (the first bound at or above the value)
+        if i < len(BUCKETS):
+            self.counts[i] += 1
         self.sum += value
         self.count += 1
 
@@ -172,7 +172,13 @@ class Registry:
     def observe(self, name: str, labels: _Labels, value: float) -> None:
         value = max(0.0, value)
         with self._lock:
-            self._histograms.setdefault(name, {}).setdefault(labels, _Histogram()).observe(value)
+            series = self._histograms.get(name)
+            if series is None:
+                series = self._histograms[name] = {}
+            histogram = series.get(labels)
+            if histogram is None:
+                histogram = series[labels] = _Histogram()
+            histogram.observe(value)
             self._event(name, labels, value)
 
     def value(self, name: str, **labels: str) -> float:

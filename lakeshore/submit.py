@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import threading
 import time
 from collections import deque
@@ -12,6 +11,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .entropy import random_bytes
 from .errors import CancelledError, ExpiredInvocation, InvocationDead
 from .plane.ids import GROUP_ALPHABET, GROUP_SIZE, group_ids
 from .plane.model import Invocation, RetryPolicy, State
@@ -33,7 +33,7 @@ def new_id() -> str:
     The 130-bit number ``milliseconds << 80 | 80 random bits`` in base32 (Crockford's
     lower-case alphabet), most significant digit first."""
     ms = int(time.time() * 1000)
-    return encode_id((ms << 80) | int.from_bytes(os.urandom(10), "big"))
+    return encode_id((ms << 80) | int.from_bytes(random_bytes(10), "big"))
 
 
 def encode_id(n: int) -> str:

@@ -5,12 +5,12 @@ hands expired leases on."""
 from __future__ import annotations
 
 import math
-import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from itertools import islice
 from typing import Any
 
+from ..entropy import random_hex
 from ..errors import InvalidRequest, LeaseLost, UnknownInvocation
 from ..progress import MAX_MESSAGE
 from .base import PlaneBase, Update
@@ -571,7 +571,7 @@ def _lease_update(rec: Invocation, worker: str, now: float, lease_seconds: float
     changes: dict[str, Any] = {
         "state": State.RUNNING,
         "attempt": rec.attempt + 1,
-        "lease_token": secrets.token_hex(8),
+        "lease_token": random_hex(8),
         "lease_expires_at": expires,
         "worker": worker,
         "started_at": now,
