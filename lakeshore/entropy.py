@@ -28,8 +28,10 @@ _at = 0
 
 
 def random_bytes(n: int) -> bytes:
-    """``n`` bytes (at most :data:`_BLOCK`) of ``os.urandom``'s randomness."""
+    """``n`` bytes of ``os.urandom``'s randomness."""
     global _block, _at
+    if n > _BLOCK:
+        return os.urandom(n)
     with _lock:
         if _at + n > len(_block):
             _block, _at = os.urandom(_BLOCK), 0

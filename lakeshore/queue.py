@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import sys
 import threading
@@ -42,7 +43,7 @@ from .dispatch import Dispatch
 from .errors import InvalidRequest
 from .plane.model import FINISHED, Invocation, QueueSpec, RetryPolicy, Submission
 from .submit import SubmitOptions, key_id, new_id, outcome
-from .transport import AsyncResults
+from .transport import AsyncResults, Unwatch
 from .wire import EncodedCall, encode_exec, encode_pickle_call, encode_ref_call
 
 _log = logging.getLogger("dreamlake.lakeshore.sdk")
@@ -319,8 +320,8 @@ class _QueueHandle:
         if _batch.current() is not None:
             await asyncio.to_thread(_send_open_batch)
         if timeout is not None and timeout <= 0:
-            # No time to wait: what the plane has now (a watch over HTTP hears of a
-            # finish only at its poller's next answer, after any timer)
+            # No time to wait: what the plane has now, one read (a watch over HTTP
+            # hears of a finish only at its poller's next answer, after any timer)
             rec = self.dispatch.transport.get(inv_id)
             if rec.state in FINISHED:
                 return rec
@@ -334,8 +335,11 @@ class _QueueHandle:
         # A timer on the future, not asyncio.wait_for (a task a wait: in a gather of
         # thousands, a good part of the producer's CPU)
         timer = None if timeout is None else loop.call_later(max(0.0, timeout), _expire, fut)
+        answered = False
         try:
-            return await fut
+            rec = await fut
+            answered = True
+            return rec
         except _Expired:
             raise TimeoutError(
                 f"invocation {inv_id!r} did not finish within {timeout}s (it keeps going)"
@@ -343,7 +347,7 @@ class _QueueHandle:
         finally:
             if timer is not None:
                 timer.cancel()
-            group.left_one()
+            group.left_one(inv_id, fut, answered)
 
     def _status(self, inv_id: str) -> str:
         transport = self.dispatch.transport
@@ -418,64 +422,91 @@ class _Watching:
     each (each watch takes the transport's locks and books of its own).
 
     Each wait behaves as if it had watched alone: its future gets its record, or the
-    error a watch of its id alone raises (an unknown id, a closed transport). Ids that
-    finish leave the transport's books as they fire; those whose waits gave up (a
-    timeout, a cancel) are unwatched once every wait of the group is over.
+    error a watch of its id alone raises (an unknown id, a closed transport). A wait
+    leaves the group when it is over, so the group holds no finished wait's future or
+    record; ids that finish leave the transport's books as they fire, and an id whose
+    last wait gave up (a timeout, a cancel) is unwatched then.
     """
 
-    __slots__ = ("here", "inbox", "left", "transport", "unwatches", "waits")
+    __slots__ = ("here", "inbox", "left", "lock", "transport", "unwatches", "waits")
 
     def __init__(self, inbox: _LoopInbox, transport: Any) -> None:
         self.inbox = inbox
         self.transport = transport
+        #: the waits not over yet, by id (read by the transport's poller thread)
         self.waits: dict[str, list[asyncio.Future[Invocation]]] = {}
+        self.lock = threading.Lock()
         #: waits of the group not over yet
         self.left = 0
         #: None until registered
-        self.unwatches: list[Callable[[], None]] | None = None
+        self.unwatches: list[Unwatch] | None = None
         #: the loop's thread while it registers (records already finished fire there)
         self.here: int | None = None
 
     def add(self, inv_id: str, fut: asyncio.Future[Invocation]) -> None:
-        self.waits.setdefault(inv_id, []).append(fut)
+        with self.lock:
+            self.waits.setdefault(inv_id, []).append(fut)
         self.left += 1
 
     def register(self) -> None:
         del self.inbox.open[id(self.transport)]
         self.unwatches = []
-        if not self.left:
+        with self.lock:
+            ids = list(self.waits)
+        if not ids:
             return  # every wait gave up before this
         self.here = threading.get_ident()
         try:
-            self.unwatches.append(self.transport.watch(list(self.waits), self._fire))
+            self.unwatches.append(self.transport.watch(ids, self._fire))
         except Exception:
             # One id the plane does not know fails the whole watch: each wait then
             # gets what a watch of its id alone says.
-            for inv_id, futs in self.waits.items():
+            for inv_id in ids:
                 try:
                     self.unwatches.append(self.transport.watch([inv_id], self._fire))
                 except Exception as exc:
-                    for fut in futs:
-                        if not fut.done():
-                            fut.set_exception(exc)
+                    self._fail(inv_id, exc)
         finally:
             self.here = None
         if not self.left:
             self._unwatch()
 
+    def _fail(self, inv_id: str, exc: Exception) -> None:
+        with self.lock:
+            futs = list(self.waits.get(inv_id, ()))
+        for k, fut in enumerate(futs):
+            if not fut.done():  # (each wait raises an exception of its own)
+                fut.set_exception(exc if k == 0 else copy.copy(exc))
+
     def _fire(self, rec: Invocation) -> None:
         here = self.here is not None and threading.get_ident() == self.here
-        for fut in self.waits.get(rec.id, ()):
+        with self.lock:
+            futs = list(self.waits.get(rec.id, ()))
+        for fut in futs:
             if not here:
                 self.inbox.put(fut, rec)
             elif not fut.done():  # (finished already: before any timer of the wait)
                 fut.set_result(rec)
 
-    def left_one(self) -> None:
-        """A wait of the group is over (its result came, or it gave up)."""
+    def left_one(self, inv_id: str, fut: asyncio.Future[Invocation], answered: bool) -> None:
+        """The wait ``fut`` on ``inv_id`` is over: ``answered`` with its record (the
+        transport took the id off its books as it fired), or it gave up."""
+        with self.lock:
+            futs = self.waits.get(inv_id)
+            if futs is not None and fut in futs:
+                futs.remove(fut)
+                if not futs:
+                    del self.waits[inv_id]
+                    futs = None
+            last = futs is None
         self.left -= 1
-        if not self.left and self.unwatches is not None:
+        if self.unwatches is None:
+            return  # (not registered yet: the id goes unwatched unless others wait on it)
+        if not self.left:
             self._unwatch()
+        elif last and not answered:
+            for unwatch in self.unwatches:
+                unwatch([inv_id])
 
     def _unwatch(self) -> None:
         unwatches, self.unwatches = self.unwatches or [], []

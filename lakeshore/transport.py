@@ -22,7 +22,7 @@ from .plane.model import (
     Submission,
 )
 
-__all__ = ["AsyncResults", "Transport", "put_missing"]
+__all__ = ["AsyncResults", "Transport", "Unwatch", "put_missing"]
 
 
 def put_missing(transport: Transport, blobs: Mapping[str, bytes]) -> None:
@@ -31,6 +31,13 @@ def put_missing(transport: Transport, blobs: Mapping[str, bytes]) -> None:
     if blobs:
         for digest in transport.missing_blobs(blobs):
             transport.put_blob(digest, blobs[digest])
+
+
+class Unwatch(Protocol):
+    """What ``Transport.watch`` returns: called bare it removes the whole watch; with
+    ``ids``, only those ids of it (a wait on one id of many that gave up)."""
+
+    def __call__(self, ids: Iterable[str] | None = None, /) -> None: ...
 
 
 class Transport(Protocol):
@@ -62,9 +69,7 @@ class Transport(Protocol):
 
     def get_many(self, ids: Sequence[str]) -> list[Invocation]: ...
 
-    def watch(
-        self, ids: Sequence[str], callback: Callable[[Invocation], None]
-    ) -> Callable[[], None]: ...
+    def watch(self, ids: Sequence[str], callback: Callable[[Invocation], None]) -> Unwatch: ...
 
     def cancel(self, inv_id: str) -> State: ...
 

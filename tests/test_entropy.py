@@ -32,6 +32,7 @@ def test_random_bytes_are_fresh_across_blocks() -> None:
     seen = [entropy.random_bytes(10) for _ in range(2000)]
     assert all(len(b) == 10 for b in seen) and len(set(seen)) == 2000
     assert len(entropy.random_hex(8)) == 16
+    assert len(entropy.random_bytes(entropy._BLOCK + 1)) == entropy._BLOCK + 1
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")

@@ -94,6 +94,40 @@ def test_an_unknown_id_fails_its_own_wait_only(
     assert isinstance(unknown, UnknownInvocation)
     assert [first, *rest] == [0, 1, 2]
 
+    async def twice() -> list[Any]:
+        waits = (q.result(stranger, timeout=5) for _ in range(2))
+        return list(await asyncio.gather(*waits, return_exceptions=True))
+
+    # And two waits on it raise an exception each (one raised twice would gather both
+    # tracebacks)
+    one, other = asyncio.run(twice())
+    assert isinstance(one, UnknownInvocation) and isinstance(other, UnknownInvocation)
+    assert one is not other
+
+
+def test_an_id_whose_wait_gave_up_is_unwatched_while_others_of_its_turn_wait(
+    dp: dls.Dispatch,
+) -> None:
+    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
+    # (none of these is due: nobody runs them)
+    a, b, c = (sq.submit("builtins:abs", -k, _delay=3600) for k in range(3))
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        # Given three waits begun in one turn, two of which give up soon
+        waits = [
+            asyncio.ensure_future(q.result(i, timeout=t)) for i, t in ((a, 0.1), (b, 0.1), (c, 30))
+        ]
+        await asyncio.wait(waits[:2])
+        # Then only the id still awaited is watched
+        still = await asyncio.to_thread(watched, dp)
+        waits[2].cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        # and nothing once the last wait is over
+        return still, await asyncio.to_thread(watched, dp)
+
+    still, after = asyncio.run(scenario())
+    assert still == [c] and after == []
+
 
 def test_a_wait_that_gives_up_leaves_the_others_and_is_unwatched_with_them(
     dp: dls.Dispatch,

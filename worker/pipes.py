@@ -11,8 +11,9 @@ for every job on a busy worker:
   object on every call.
 
 So :meth:`Pipe.ready` asks a ``select.poll`` object the pipe registered once, and
-:func:`wait` builds one poll object from plain descriptors. The bytes on the pipe are the
-same as ``Connection.send``'s, so either end may still be a bare ``Connection``.
+:func:`wait` builds one poll object from plain descriptors. The framing on the pipe is
+``Connection``'s and the pickles are read by protocol, so either end may still be a bare
+``Connection`` (this side pickles with the highest protocol, it with its default).
 
 Contract: :meth:`Pipe.ready` is true when a message is waiting or the other end has
 closed (``recv`` then raises ``EOFError``), as ``Connection.poll()`` is.

@@ -40,7 +40,7 @@ from ..plane.model import (
     State,
     Submission,
 )
-from ..transport import put_missing
+from ..transport import Unwatch, put_missing
 from ..wire import digest as wire_digest
 from ..wire import is_digest, pack, verified
 from .answers import date_offset, decode_map
@@ -264,9 +264,7 @@ class HttpTransport(Session):
                 out.append(self.get(inv_id))
         return out
 
-    def watch(
-        self, ids: Sequence[str], callback: Callable[[Invocation], None]
-    ) -> Callable[[], None]:
+    def watch(self, ids: Sequence[str], callback: Callable[[Invocation], None]) -> Unwatch:
         """Call ``callback(record)`` once per id when it is finished.
 
         Ids this transport has not seen before are checked at once with one zero-second

@@ -32,6 +32,7 @@ from .connections import dropped, request_once
 from .views import invocations_in
 
 if TYPE_CHECKING:
+    from ..transport import Unwatch
     from .transport import HttpTransport
 
 __all__ = ["Watches"]
@@ -88,11 +89,11 @@ class Watches:
 
     def add(
         self, ids: list[str], callback: Callable[[Invocation], None], finished: list[Invocation]
-    ) -> Callable[[], None]:
+    ) -> Unwatch:
         """Watch ``ids``; those among ``finished`` fire now, from this thread.
 
-        Returns a function that removes the watch. Raises :class:`LakeshoreError` once
-        the transport is closed.
+        Returns a function that removes the watch (or, given ids, those ids of it).
+        Raises :class:`LakeshoreError` once the transport is closed.
         """
         entry = Watch(callback)
         done = {rec.id: rec for rec in finished if rec.state in FINISHED}
@@ -124,9 +125,9 @@ class Watches:
         _fire(due)
         self.deliver(done.values())  # other watches of the same ids fire too, as embedded
 
-        def unwatch() -> None:
+        def unwatch(only: Iterable[str] | None = None, /) -> None:
             with self.cond:
-                for inv_id in ids:
+                for inv_id in ids if only is None else only:
                     entries = self.entries.get(inv_id)
                     if entries and entry in entries:
                         entries.remove(entry)

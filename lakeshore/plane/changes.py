@@ -27,10 +27,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .model import FINISHED, Invocation
 from .store import Store, WatchesWrites, WriteSignal
+
+if TYPE_CHECKING:
+    from ..transport import Unwatch
 
 __all__ = ["Changes", "Look", "Park", "Watch", "due_watches"]
 
@@ -571,7 +574,7 @@ class Changes:
             callback(waiters, queues)
 
     # --- result watches ------------------------------------------------------------
-    def watch(self, ids: Iterable[str], callback: Callback) -> Callable[[], None]:
+    def watch(self, ids: Iterable[str], callback: Callback) -> Unwatch:
         entry = Watch(callback)
         ids = list(ids)
         with self._cond:
@@ -579,9 +582,9 @@ class Changes:
                 self._watches[inv_id].append(entry)
             self._ensure_poller()
 
-        def unwatch() -> None:
+        def unwatch(only: Iterable[str] | None = None, /) -> None:
             with self._cond:
-                for inv_id in ids:
+                for inv_id in ids if only is None else only:
                     entries = self._watches.get(inv_id)
                     if entries and entry in entries:
                         entries.remove(entry)

@@ -7,13 +7,16 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IdempotencyConflict, InvalidRequest, UnknownInvocation
 from .base import PlaneBase
 from .changes import LOOK_AGAIN
 from .model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
 from .ordering import order_key
+
+if TYPE_CHECKING:
+    from ..transport import Unwatch
 
 __all__ = ["ProducerOps", "request_digest"]
 
@@ -128,9 +131,7 @@ class ProducerOps(PlaneBase):
         cursor = getattr(self.store, "finish_cursor", None)
         return float(cursor()) if callable(cursor) else 0.0
 
-    def watch(
-        self, ids: Sequence[str], callback: Callable[[Invocation], None]
-    ) -> Callable[[], None]:
+    def watch(self, ids: Sequence[str], callback: Callable[[Invocation], None]) -> Unwatch:
         """Call ``callback(record)`` once for each id when it reaches a finished state.
 
         Already-finished ids fire at once (from this thread). Unknown ids raise
