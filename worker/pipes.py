@@ -51,7 +51,7 @@ class Pipe:
         self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
 
     def recv(self) -> Any:
-        return pickle.loads(self.conn.recv_bytes())
+        return self.conn.recv()  # (pickle.loads of the buffer read, without a copy of it)
 
     def recv_bytes(self) -> bytes:
         return bytes(self.conn.recv_bytes())
