@@ -319,19 +319,10 @@ class _QueueHandle:
     async def _wait_async(self, inv_id: str, timeout: float | None) -> Invocation:
         if _batch.current() is not None:
             await asyncio.to_thread(_send_open_batch)
-        if timeout is not None and timeout <= 0:
-            # No time to wait: what the plane has now, one read (a watch over HTTP
-            # hears of a finish only at its poller's next answer, after any timer)
-            rec = self.dispatch.transport.get(inv_id)
-            if rec.state in FINISHED:
-                return rec
-            raise TimeoutError(
-                f"invocation {inv_id!r} did not finish within {timeout}s (it keeps going)"
-            )
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Invocation] = loop.create_future()
         group = _LoopInbox.of(loop).watching(self.dispatch.transport)
-        group.add(inv_id, fut)
+        group.add(inv_id, fut, now=timeout is not None and timeout <= 0)
         # A timer on the future, not asyncio.wait_for (a task a wait: in a gather of
         # thousands, a good part of the producer's CPU)
         timer = None if timeout is None else loop.call_later(max(0.0, timeout), _expire, fut)
@@ -422,13 +413,16 @@ class _Watching:
     each (each watch takes the transport's locks and books of its own).
 
     Each wait behaves as if it had watched alone: its future gets its record, or the
-    error a watch of its id alone raises (an unknown id, a closed transport). A wait
+    error a watch of its id alone raises (an unknown id, a closed transport). A wait with
+    no time to wait (``timeout=0``) gets a record finished by then: a transport whose
+    watch hears of finishes later (HTTP: at its poller's next answer) is asked for the
+    group's such ids at once (``finished_now``), before any timer. A wait
     leaves the group when it is over, so the group holds no finished wait's future or
     record; ids that finish leave the transport's books as they fire, and an id whose
     last wait gave up (a timeout, a cancel) is unwatched then.
     """
 
-    __slots__ = ("here", "inbox", "left", "lock", "transport", "unwatches", "waits")
+    __slots__ = ("here", "inbox", "left", "lock", "now", "transport", "unwatches", "waits")
 
     def __init__(self, inbox: _LoopInbox, transport: Any) -> None:
         self.inbox = inbox
@@ -442,11 +436,15 @@ class _Watching:
         self.unwatches: list[Unwatch] | None = None
         #: the loop's thread while it registers (records already finished fire there)
         self.here: int | None = None
+        #: ids a wait with no time to wait is on
+        self.now: set[str] = set()
 
-    def add(self, inv_id: str, fut: asyncio.Future[Invocation]) -> None:
+    def add(self, inv_id: str, fut: asyncio.Future[Invocation], *, now: bool = False) -> None:
         with self.lock:
             self.waits.setdefault(inv_id, []).append(fut)
         self.left += 1
+        if now:
+            self.now.add(inv_id)
 
     def register(self) -> None:
         del self.inbox.open[id(self.transport)]
@@ -457,6 +455,16 @@ class _Watching:
             return  # every wait gave up before this
         self.here = threading.get_ident()
         try:
+            self._watch(ids)
+            self._finished_now(ids)
+        finally:
+            self.here = None
+        if not self.left:
+            self._unwatch()
+
+    def _watch(self, ids: list[str]) -> None:
+        assert self.unwatches is not None
+        try:
             self.unwatches.append(self.transport.watch(ids, self._fire))
         except Exception:
             # One id the plane does not know fails the whole watch: each wait then
@@ -466,10 +474,31 @@ class _Watching:
                     self.unwatches.append(self.transport.watch([inv_id], self._fire))
                 except Exception as exc:
                     self._fail(inv_id, exc)
-        finally:
-            self.here = None
-        if not self.left:
-            self._unwatch()
+
+    def _finished_now(self, ids: list[str]) -> None:
+        """Set the records finished by now of the ids waits with no time to wait are on
+        (loop thread, while registering)."""
+        read = getattr(self.transport, "finished_now", None)
+        with self.lock:
+            pending = [
+                i for i in ids if i in self.now and any(not f.done() for f in self.waits.get(i, ()))
+            ]
+        if read is None or not pending:
+            return
+        try:
+            records = read(pending)
+        except Exception:  # (one id the plane does not have: ask for each alone)
+            records = []
+            for inv_id in pending:
+                try:
+                    records.extend(read([inv_id]))
+                except Exception as exc:
+                    self._fail(inv_id, exc)
+        for rec in records:
+            self._fire(rec)
+        done = [rec.id for rec in records if rec.state in FINISHED]
+        for unwatch in self.unwatches or ():  # (their watches would hear of it later)
+            unwatch(done)
 
     def _fail(self, inv_id: str, exc: Exception) -> None:
         with self.lock:

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support import role_token, wait_for
+from support import counting_calls, role_token, wait_for
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.errors import UnknownInvocation
@@ -174,3 +174,34 @@ def test_a_result_finished_before_a_zero_timeout_wait_is_returned(dp: dls.Dispat
         return list(await asyncio.gather(*(q.result(i, timeout=0) for i in ids)))
 
     assert asyncio.run(gather()) == [0, 1, 2, 3]
+
+
+def test_waits_with_no_time_to_wait_read_the_plane_once_a_turn(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
+    ids = [sq.submit("builtins:abs", -k) for k in range(3)]
+    finish(dp, ids)
+    late = [sq.submit("builtins:abs", -9, _delay=3600) for _ in range(2)]  # (not due)
+    reads: list[list[str]] = []
+    real = getattr(dp.transport, "finished_now", None)
+    if real is not None:  # over HTTP: what the turn asks the plane for
+        monkeypatch.setattr(
+            dp.transport, "finished_now", lambda i: reads.append(list(i)) or real(i)
+        )
+    gets = counting_calls(dp.transport, "get", monkeypatch)
+
+    async def gather() -> list[Any]:
+        waits = (q.result(i, timeout=0) for i in [*ids, *late])
+        return list(await asyncio.gather(*waits, return_exceptions=True))
+
+    # When five waits with no time to wait are begun together, three on finished calls
+    *values, first_late, second_late = asyncio.run(gather())
+    # Then the finished ones have their values and the others time out
+    assert values == [0, 1, 2]
+    assert isinstance(first_late, TimeoutError) and isinstance(second_late, TimeoutError)
+    # with no read of each, and over HTTP one read for them all
+    assert gets == []
+    assert reads == ([[*ids, *late]] if real is not None else [])
+    # and nothing left watched
+    wait_for(lambda: not watched(dp))
