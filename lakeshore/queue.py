@@ -40,7 +40,7 @@ from typing import Any, ClassVar, cast
 from . import batching as _batch
 from . import config, context, logs
 from .dispatch import Dispatch
-from .errors import InvalidRequest
+from .errors import ExpiredInvocation, InvalidRequest, UnknownInvocation
 from .plane.model import FINISHED, Invocation, QueueSpec, RetryPolicy, Submission
 from .submit import SubmitOptions, key_id, new_id, outcome
 from .transport import AsyncResults, Unwatch
@@ -413,16 +413,27 @@ class _Watching:
     each (each watch takes the transport's locks and books of its own).
 
     Each wait behaves as if it had watched alone: its future gets its record, or the
-    error a watch of its id alone raises (an unknown id, a closed transport). A wait with
-    no time to wait (``timeout=0``) gets a record finished by then: a transport whose
-    watch hears of finishes later (HTTP: at its poller's next answer) is asked for the
-    group's such ids at once (``finished_now``), before any timer. A wait
-    leaves the group when it is over, so the group holds no finished wait's future or
-    record; ids that finish leave the transport's books as they fire, and an id whose
-    last wait gave up (a timeout, a cancel) is unwatched then.
+    error a watch of its id alone raises. An id the plane does not have fails the whole
+    watch, so the group then watches each id alone; any other error of the watch (the
+    plane unreachable) is every wait's. A wait with no time to wait (``timeout=0``) gets
+    a record finished by then: a transport whose watch hears of finishes later (HTTP: at
+    its poller's next answer) is asked for those ids at once (``finished_now``), before
+    any timer. A wait leaves the group when it is over, so the group holds no finished
+    wait's future or record; ids that finish leave the transport's books as they fire,
+    and an id whose last wait gave up (a timeout, a cancel) is unwatched then.
     """
 
-    __slots__ = ("here", "inbox", "left", "lock", "now", "transport", "unwatches", "waits")
+    __slots__ = (
+        "alone",
+        "here",
+        "inbox",
+        "left",
+        "lock",
+        "transport",
+        "unwatches",
+        "waits",
+        "zero",
+    )
 
     def __init__(self, inbox: _LoopInbox, transport: Any) -> None:
         self.inbox = inbox
@@ -432,19 +443,21 @@ class _Watching:
         self.lock = threading.Lock()
         #: waits of the group not over yet
         self.left = 0
-        #: None until registered
+        #: the watch of all the group's ids; None until registered
         self.unwatches: list[Unwatch] | None = None
+        #: the watches of single ids, once one unknown id failed the group's watch
+        self.alone: dict[str, Unwatch] = {}
         #: the loop's thread while it registers (records already finished fire there)
         self.here: int | None = None
-        #: ids a wait with no time to wait is on
-        self.now: set[str] = set()
+        #: the waits with no time to wait
+        self.zero: set[asyncio.Future[Invocation]] = set()
 
     def add(self, inv_id: str, fut: asyncio.Future[Invocation], *, now: bool = False) -> None:
         with self.lock:
             self.waits.setdefault(inv_id, []).append(fut)
         self.left += 1
         if now:
-            self.now.add(inv_id)
+            self.zero.add(fut)
 
     def register(self) -> None:
         del self.inbox.open[id(self.transport)]
@@ -466,43 +479,52 @@ class _Watching:
         assert self.unwatches is not None
         try:
             self.unwatches.append(self.transport.watch(ids, self._fire))
-        except Exception:
-            # One id the plane does not know fails the whole watch: each wait then
+        except (UnknownInvocation, ExpiredInvocation):
+            # One id the plane does not have fails the whole watch: each wait then
             # gets what a watch of its id alone says.
             for inv_id in ids:
                 try:
-                    self.unwatches.append(self.transport.watch([inv_id], self._fire))
+                    self.alone[inv_id] = self.transport.watch([inv_id], self._fire)
                 except Exception as exc:
-                    self._fail(inv_id, exc)
+                    self._fail(self._waits_on([inv_id]), exc)
+        except Exception as exc:  # (the plane unreachable, the transport closed)
+            self._fail(self._waits_on(ids), exc)
 
     def _finished_now(self, ids: list[str]) -> None:
         """Set the records finished by now of the ids waits with no time to wait are on
         (loop thread, while registering)."""
         read = getattr(self.transport, "finished_now", None)
+        if read is None or not self.zero:
+            return
         with self.lock:
             pending = [
-                i for i in ids if i in self.now and any(not f.done() for f in self.waits.get(i, ()))
+                i
+                for i in ids
+                if any(f in self.zero and not f.done() for f in self.waits.get(i, ()))
             ]
-        if read is None or not pending:
+        if not pending:
             return
+        records: list[Invocation] = []
         try:
             records = read(pending)
-        except Exception:  # (one id the plane does not have: ask for each alone)
-            records = []
+        except (UnknownInvocation, ExpiredInvocation):  # (ask for each alone)
             for inv_id in pending:
                 try:
                     records.extend(read([inv_id]))
                 except Exception as exc:
-                    self._fail(inv_id, exc)
+                    self._fail([f for f in self._waits_on([inv_id]) if f in self.zero], exc)
+        except Exception as exc:  # (the waits with no time to wait have their answer)
+            self._fail([f for f in self._waits_on(pending) if f in self.zero], exc)
         for rec in records:
             self._fire(rec)
-        done = [rec.id for rec in records if rec.state in FINISHED]
-        for unwatch in self.unwatches or ():  # (their watches would hear of it later)
-            unwatch(done)
+        self._unwatch_ids([rec.id for rec in records if rec.state in FINISHED])
 
-    def _fail(self, inv_id: str, exc: Exception) -> None:
+    def _waits_on(self, ids: list[str]) -> list[asyncio.Future[Invocation]]:
         with self.lock:
-            futs = list(self.waits.get(inv_id, ()))
+            return [f for i in ids for f in self.waits.get(i, ())]
+
+    @staticmethod
+    def _fail(futs: list[asyncio.Future[Invocation]], exc: Exception) -> None:
         for k, fut in enumerate(futs):
             if not fut.done():  # (each wait raises an exception of its own)
                 fut.set_exception(exc if k == 0 else copy.copy(exc))
@@ -528,18 +550,29 @@ class _Watching:
                     del self.waits[inv_id]
                     futs = None
             last = futs is None
+        self.zero.discard(fut)
         self.left -= 1
         if self.unwatches is None:
             return  # (not registered yet: the id goes unwatched unless others wait on it)
         if not self.left:
             self._unwatch()
         elif last and not answered:
-            for unwatch in self.unwatches:
-                unwatch([inv_id])
+            self._unwatch_ids([inv_id])
+
+    def _unwatch_ids(self, ids: list[str]) -> None:
+        if not ids:
+            return
+        for unwatch in self.unwatches or ():
+            unwatch(ids)
+        for inv_id in ids:
+            alone = self.alone.pop(inv_id, None)
+            if alone is not None:
+                alone()
 
     def _unwatch(self) -> None:
         unwatches, self.unwatches = self.unwatches or [], []
-        for unwatch in unwatches:
+        alone, self.alone = self.alone, {}
+        for unwatch in [*unwatches, *alone.values()]:
             unwatch()
 
 

@@ -205,3 +205,41 @@ def test_waits_with_no_time_to_wait_read_the_plane_once_a_turn(
     assert reads == ([[*ids, *late]] if real is not None else [])
     # and nothing left watched
     wait_for(lambda: not watched(dp))
+
+
+def test_a_finished_result_awaited_again_is_returned_again(dp: dls.Dispatch) -> None:
+    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
+    x = sq.submit("builtins:abs", -7)
+    finish(dp, [x])
+
+    async def twice() -> tuple[Any, Any]:
+        # (the second while the poller still lingers after the first's answer: its
+        # cursor is from after x finished, so a poll since it would never report x)
+        first = await q.result(x, timeout=10)
+        return first, await q.result(x, timeout=10)
+
+    assert asyncio.run(twice()) == (0, 0)
+
+
+def test_an_unreachable_plane_fails_each_wait_once(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with dls.Dispatch(served.url, token=role_token(served, "admin")) as producer:
+        sq = dls.SyncQueue("w", dispatch=producer)
+        ids = [sq.submit("builtins:abs", -k) for k in range(3)]
+    # Given a client that never saw these ids, and a plane that is gone
+    with dls.Dispatch(served.url, token=role_token(served, "admin"), backoff=0.01) as dp:
+        q = dls.Queue("w", dispatch=dp)
+        served.stop()
+        seen = watches_of(dp, monkeypatch)
+
+        async def gather() -> list[Any]:
+            return list(await asyncio.gather(*(q.result(i) for i in ids), return_exceptions=True))
+
+        # When three waits without a timeout are begun together
+        errors = asyncio.run(gather())
+    # Then each raises the plane's absence, its own exception, after one try of the
+    # watch (not one more for each id)
+    assert all(isinstance(e, dls.Unavailable) for e in errors), errors
+    assert len({id(e) for e in errors}) == 3
+    assert seen == [ids]

@@ -154,6 +154,9 @@ class Watches:
         poller = self.owner.pop(inv_id, None)
         if poller is not None:
             poller.ids.discard(inv_id)
+            # Watched again later, it is polled in full: the poller's cursor may be from
+            # after its finish, which a poll since that cursor would never report.
+            poller.checked.discard(inv_id)
         return entries
 
     def _poller_with_room(self, cap: int) -> _Poller:
