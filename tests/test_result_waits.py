@@ -39,6 +39,14 @@ def finish(dp: dls.Dispatch, ids: list[str]) -> None:
     )
 
 
+def done_calls(dp: dls.Dispatch, n: int) -> tuple[dls.Queue, dls.SyncQueue, list[str]]:
+    """The queue ``w``'s two surfaces and ``n`` calls on it run by hand (see finish)."""
+    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
+    ids = [sq.submit("builtins:abs", -k) for k in range(n)]
+    finish(dp, ids)
+    return q, sq, ids
+
+
 def watches_of(dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The id lists of every ``dp.transport.watch`` from now on."""
     seen: list[list[str]] = []
@@ -75,9 +83,7 @@ def test_a_gather_of_many_results_makes_one_watch(
 def test_an_unknown_id_fails_its_own_wait_only(
     dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
-    ids = [sq.submit("builtins:abs", -k) for k in range(3)]
-    finish(dp, ids)
+    q, _, ids = done_calls(dp, 3)
     stranger = "01" + "x" * 24
 
     async def gather() -> list[Any]:
@@ -166,9 +172,7 @@ def watched(dp: dls.Dispatch) -> list[str]:
 
 
 def test_a_result_finished_before_a_zero_timeout_wait_is_returned(dp: dls.Dispatch) -> None:
-    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
-    ids = [sq.submit("builtins:abs", -k) for k in range(4)]
-    finish(dp, ids)
+    q, _, ids = done_calls(dp, 4)
 
     async def gather() -> list[Any]:
         return list(await asyncio.gather(*(q.result(i, timeout=0) for i in ids)))
@@ -179,9 +183,7 @@ def test_a_result_finished_before_a_zero_timeout_wait_is_returned(dp: dls.Dispat
 def test_waits_with_no_time_to_wait_read_the_plane_once_a_turn(
     dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
-    ids = [sq.submit("builtins:abs", -k) for k in range(3)]
-    finish(dp, ids)
+    q, sq, ids = done_calls(dp, 3)
     late = [sq.submit("builtins:abs", -9, _delay=3600) for _ in range(2)]  # (not due)
     reads: list[list[str]] = []
     real = getattr(dp.transport, "finished_now", None)
