@@ -10,6 +10,8 @@ one system call per ~400 ids.
 
 Contract: :func:`random_bytes` is thread-safe, and a child made by ``fork`` never
 returns bytes its parent returned or will return (the block is dropped in the child).
+In AWS Lambda no block is kept: a function restored from a snapshot (SnapStart) would
+replay it in every copy, and a handler makes a few ids a request, not thousands.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ __all__ = ["random_bytes", "random_hex"]
 
 #: bytes read from the kernel at a time
 _BLOCK = 4096
+#: keep no block (a Lambda function's memory may be snapshotted and cloned)
+_DIRECT = bool(os.environ.get("AWS_LAMBDA_FUNCTION_NAME"))
 
 _lock = threading.Lock()
 _block = b""
@@ -30,7 +34,7 @@ _at = 0
 def random_bytes(n: int) -> bytes:
     """``n`` bytes of ``os.urandom``'s randomness."""
     global _block, _at
-    if n > _BLOCK:
+    if n > _BLOCK or _DIRECT:
         return os.urandom(n)
     with _lock:
         if _at + n > len(_block):

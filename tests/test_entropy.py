@@ -51,3 +51,14 @@ def test_a_forked_child_never_repeats_its_parents_bytes() -> None:
     os.waitpid(pid, 0)
     # Then the parent's next bytes are not the child's (the block stayed the parent's)
     assert len(child) == 32 and entropy.random_bytes(32) != child
+
+
+def test_in_lambda_each_draw_is_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (a function restored from a snapshot would replay a kept block in every copy)
+    reads: list[int] = []
+    real = os.urandom
+    monkeypatch.setattr(entropy.os, "urandom", lambda n: reads.append(n) or real(n))
+    monkeypatch.setattr(entropy, "_DIRECT", True)
+    entropy.random_bytes(10)
+    entropy.random_bytes(8)
+    assert reads == [10, 8]
