@@ -56,5 +56,4 @@ def _forget() -> None:
     _block, _at = b"", 0
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget)
+os.register_at_fork(after_in_child=_forget)

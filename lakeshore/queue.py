@@ -429,9 +429,10 @@ class _Watching:
         "inbox",
         "left",
         "lock",
+        "registered",
         "transport",
-        "unwatches",
         "waits",
+        "whole",
         "zero",
     )
 
@@ -443,8 +444,9 @@ class _Watching:
         self.lock = threading.Lock()
         #: waits of the group not over yet
         self.left = 0
-        #: the watch of all the group's ids; None until registered
-        self.unwatches: list[Unwatch] | None = None
+        self.registered = False
+        #: the watch of all the group's ids
+        self.whole: Unwatch | None = None
         #: the watches of single ids, once one unknown id failed the group's watch
         self.alone: dict[str, Unwatch] = {}
         #: the loop's thread while it registers (records already finished fire there)
@@ -461,7 +463,7 @@ class _Watching:
 
     def register(self) -> None:
         del self.inbox.open[id(self.transport)]
-        self.unwatches = []
+        self.registered = True
         with self.lock:
             ids = list(self.waits)
         if not ids:
@@ -469,16 +471,15 @@ class _Watching:
         self.here = threading.get_ident()
         try:
             self._watch(ids)
-            self._finished_now(ids)
+            self._finished_now()
         finally:
             self.here = None
         if not self.left:
             self._unwatch()
 
     def _watch(self, ids: list[str]) -> None:
-        assert self.unwatches is not None
         try:
-            self.unwatches.append(self.transport.watch(ids, self._fire))
+            self.whole = self.transport.watch(ids, self._fire)
         except (UnknownInvocation, ExpiredInvocation):
             # One id the plane does not have fails the whole watch: each wait then
             # gets what a watch of its id alone says.
@@ -490,7 +491,7 @@ class _Watching:
         except Exception as exc:  # (the plane unreachable, the transport closed)
             self._fail(self._waits_on(ids), exc)
 
-    def _finished_now(self, ids: list[str]) -> None:
+    def _finished_now(self) -> None:
         """Set the records finished by now of the ids waits with no time to wait are on
         (loop thread, while registering)."""
         read = getattr(self.transport, "finished_now", None)
@@ -499,8 +500,8 @@ class _Watching:
         with self.lock:
             pending = [
                 i
-                for i in ids
-                if any(f in self.zero and not f.done() for f in self.waits.get(i, ()))
+                for i, futs in self.waits.items()
+                if any(f in self.zero and not f.done() for f in futs)
             ]
         if not pending:
             return
@@ -512,9 +513,9 @@ class _Watching:
                 try:
                     records.extend(read([inv_id]))
                 except Exception as exc:
-                    self._fail([f for f in self._waits_on([inv_id]) if f in self.zero], exc)
+                    self._fail(self._zero_waits_on([inv_id]), exc)
         except Exception as exc:  # (the waits with no time to wait have their answer)
-            self._fail([f for f in self._waits_on(pending) if f in self.zero], exc)
+            self._fail(self._zero_waits_on(pending), exc)
         for rec in records:
             self._fire(rec)
         self._unwatch_ids([rec.id for rec in records if rec.state in FINISHED])
@@ -522,6 +523,9 @@ class _Watching:
     def _waits_on(self, ids: list[str]) -> list[asyncio.Future[Invocation]]:
         with self.lock:
             return [f for i in ids for f in self.waits.get(i, ())]
+
+    def _zero_waits_on(self, ids: list[str]) -> list[asyncio.Future[Invocation]]:
+        return [f for f in self._waits_on(ids) if f in self.zero]
 
     @staticmethod
     def _fail(futs: list[asyncio.Future[Invocation]], exc: Exception) -> None:
@@ -552,7 +556,7 @@ class _Watching:
             last = futs is None
         self.zero.discard(fut)
         self.left -= 1
-        if self.unwatches is None:
+        if not self.registered:
             return  # (not registered yet: the id goes unwatched unless others wait on it)
         if not self.left:
             self._unwatch()
@@ -562,17 +566,17 @@ class _Watching:
     def _unwatch_ids(self, ids: list[str]) -> None:
         if not ids:
             return
-        for unwatch in self.unwatches or ():
-            unwatch(ids)
+        if self.whole is not None:
+            self.whole(ids)
         for inv_id in ids:
             alone = self.alone.pop(inv_id, None)
             if alone is not None:
                 alone()
 
     def _unwatch(self) -> None:
-        unwatches, self.unwatches = self.unwatches or [], []
+        whole, self.whole = self.whole, None
         alone, self.alone = self.alone, {}
-        for unwatch in [*unwatches, *alone.values()]:
+        for unwatch in [*([whole] if whole else []), *alone.values()]:
             unwatch()
 
 

@@ -35,7 +35,6 @@ def test_random_bytes_are_fresh_across_blocks() -> None:
     assert len(entropy.random_bytes(entropy._BLOCK + 1)) == entropy._BLOCK + 1
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 def test_a_forked_child_never_repeats_its_parents_bytes() -> None:
     entropy.random_bytes(1)  # (a block is open in the parent)
     r, w = os.pipe()

@@ -143,15 +143,12 @@ def test_a_wait_that_gives_up_leaves_the_others_and_is_unwatched_with_them(
     never = sq.submit("builtins:abs", -9, _delay=3600)  # (not due: nobody runs it)
 
     async def gather() -> list[Any]:
-        waits = asyncio.gather(
-            q.result(never, timeout=0.2),
-            *(q.result(i, timeout=30) for i in ids),
-            return_exceptions=True,
-        )
+        first = asyncio.ensure_future(q.result(never, timeout=0.2))
+        rest = [asyncio.ensure_future(q.result(i, timeout=30)) for i in ids]
         # When the first gives up before the others' results come
-        await asyncio.sleep(0.4)
+        await asyncio.wait([first])
         await asyncio.to_thread(finish, dp, ids)
-        return list(await waits)
+        return list(await asyncio.gather(first, *rest, return_exceptions=True))
 
     timed_out, *values = asyncio.run(gather())
     # Then it raised TimeoutError, and the others have their values

@@ -22,16 +22,12 @@ closed (``recv`` then raises ``EOFError``), as ``Connection.poll()`` is.
 from __future__ import annotations
 
 import math
-import multiprocessing.connection
 import pickle
 import select
 from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["Pipe", "wait"]
-
-#: poll(2) is on every platform workers run on; the rest use multiprocessing's wait
-_POLL = hasattr(select, "poll")
 
 
 class Pipe:
@@ -40,9 +36,8 @@ class Pipe:
     def __init__(self, conn: Any) -> None:
         self.conn = conn
         self._fd: int = conn.fileno()
-        self._poll = select.poll() if _POLL else None
-        if self._poll is not None:
-            self._poll.register(self._fd, select.POLLIN)
+        self._poll = select.poll()  # (poll(2): Linux and macOS, where workers run)
+        self._poll.register(self._fd, select.POLLIN)
 
     def fileno(self) -> int:
         return self._fd
@@ -54,15 +49,14 @@ class Pipe:
         return self.conn.recv()  # (pickle.loads of the buffer read, without a copy of it)
 
     def recv_bytes(self) -> bytes:
-        return bytes(self.conn.recv_bytes())
+        data: bytes = self.conn.recv_bytes()
+        return data
 
     def send_bytes(self, data: bytes) -> None:
         self.conn.send_bytes(data)
 
     def ready(self) -> bool:
         """Whether :meth:`recv` would return at once (or raise: the other end closed)."""
-        if self._poll is None:
-            return bool(self.conn.poll())
         if self.conn.closed:
             raise OSError("handle is closed")
         return bool(self._poll.poll(0))
@@ -74,8 +68,6 @@ class Pipe:
 def wait(objects: Sequence[Any], timeout: float | None) -> list[Any]:
     """Those of ``objects`` (pipes or file descriptors, such as a process's
     ``sentinel``) that are readable, waiting up to ``timeout`` seconds for one."""
-    if not _POLL:
-        return list(multiprocessing.connection.wait(objects, timeout))
     poller = select.poll()
     by_fd: dict[int, Any] = {}
     for obj in objects:

@@ -275,9 +275,7 @@ class HttpTransport(Session):
         ids = list(dict.fromkeys(ids))
         with self._lock:  # (once for all: a gather's watch has thousands of ids)
             fresh = [i for i in ids if i not in self._known]
-        finished: list[Invocation] = []
-        for chunk in batches(fresh, self.limits.max_wait_ids):
-            finished.extend(self._wait(list(chunk), 0.0))
+        finished = self.finished_now(fresh) if fresh else []
         self._remember(fresh)
         return self._watches.add(ids, callback, finished)
 
