@@ -59,13 +59,15 @@ def worker_start(
             lease_seconds=lease,
             persist=False,
         )
-        rec = worker.register()
-        typer.echo(
-            f"lakeshore worker {rec.id}: serving {', '.join(queue)} "
-            f"on {dp.target} with {concurrency} slot(s)",
-            err=True,
-        )
-        done = worker.run()
+
+        def announce(rec: DaemonRecord) -> None:
+            typer.echo(
+                f"lakeshore worker {rec.id}: serving {', '.join(queue)} "
+                f"on {dp.target} with {concurrency} slot(s)",
+                err=True,
+            )
+
+        done = worker.run(announce)  # (registers with a signal's stop in place)
         typer.echo(f"lakeshore worker: stopped after {done} job(s)", err=True)
 
 
@@ -97,11 +99,14 @@ def daemon_start(
             lease_seconds=lease,
             heartbeat_every=heartbeat,
         )
-        rec = daemon.register()
-        serving = ", ".join(rec.queues) or "no queue yet"
-        typer.echo(f"lakeshore daemon {rec.id} ({name}): serving {serving}", err=True)
-        done = daemon.run()
-        typer.echo(f"lakeshore daemon {rec.id}: stopped after {done} job(s)", err=True)
+
+        def announce(rec: DaemonRecord) -> None:
+            serving = ", ".join(rec.queues) or "no queue yet"
+            typer.echo(f"lakeshore daemon {rec.id} ({name}): serving {serving}", err=True)
+
+        done = daemon.run(announce)  # (registers with a signal's stop in place)
+        assert daemon.record is not None
+        typer.echo(f"lakeshore daemon {daemon.record.id}: stopped after {done} job(s)", err=True)
 
 
 @daemon_app.command("update")

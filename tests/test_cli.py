@@ -176,6 +176,41 @@ def test_sigterm_drains_a_worker_and_exits_0(plane: str, tmp_path: Path) -> None
         assert q.result(inv, timeout=1) == 49
 
 
+SIGNALLED_AS_IT_REGISTERS = """
+import os, signal, sys
+from dreamlake.lakeshore.cli import main
+from dreamlake.lakeshore.worker.daemon import Daemon
+
+register = Daemon.register
+
+def signalled(self):
+    rec = register(self)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return rec
+
+Daemon.register = signalled
+sys.argv = ["lakeshore", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("kind", ["worker", "daemon"])
+def test_a_sigterm_just_after_registering_stops_a_worker_cleanly(plane: str, kind: str) -> None:
+    # Given `lakeshore worker|daemon start` sent SIGTERM the moment the plane has its record
+    # (a supervisor stopping it as it comes up)
+    name = ["-q", "q"] if kind == "worker" else ["--name", "d"]
+    args = [kind, "start", *name, "--plane", plane]
+    proc = subprocess.run(
+        [sys.executable, "-c", SIGNALLED_AS_IT_REGISTERS, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    # Then it stops having run nothing and exits 0, instead of dying of the signal
+    assert proc.returncode == 0, proc.stderr
+    assert "stopped after 0 job(s)" in proc.stderr
+
+
 def test_a_killed_worker_s_job_is_redelivered_and_recorded_once(plane: str) -> None:
     with dls.Dispatch(plane) as dp:
         q = dls.SyncQueue("crashy", dispatch=dp)

@@ -379,6 +379,33 @@ def test_a_sigterm_while_a_daemon_registers_stops_it_cleanly(
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_sigterm_as_a_daemons_worker_begins_its_run_stops_it(
+    dp: dls.Dispatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    from dreamlake.lakeshore.worker import pool
+    from dreamlake.lakeshore.worker.daemon import Daemon
+
+    # Given a daemon run in this (the main) thread, sent SIGTERM after its worker was
+    # made, before the worker's run put its own handlers in place
+    before = signal.getsignal(signal.SIGTERM)
+    run = pool.ProcessWorker.run
+
+    def signalled_then_run(self: pool.ProcessWorker) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return run(self)
+
+    monkeypatch.setattr(pool.ProcessWorker, "run", signalled_then_run)
+    daemon = Daemon(dp, "late", concurrency=1, heartbeat_every=0.2, state_dir=tmp_path)
+    # When it runs, then the signal is not lost: it stops at once, having run nothing
+    assert daemon.run() == 0
+    assert daemon.worker is not None and daemon.worker._stopping.is_set()
+    assert not daemon.worker._cold.is_set()  # (one signal: a warm stop)
+    # And the handlers in place before are back
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 # --- a lone job's completion, sent by its job process ----------------------------------
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .. import config
@@ -74,16 +74,20 @@ class Daemon:
         self.record = rec
         return rec
 
-    def run(self) -> int:
+    def run(self, announce: Callable[[DaemonRecord], None] | None = None) -> int:
         """Register (unless done already), serve until drained or signalled; return
-        jobs reported."""
-        # A SIGINT/SIGTERM while registering (before the worker's own handlers are in
-        # place) is noted: the worker then starts stopped and exits 0, instead of the
-        # process dying of the signal. The worker's handlers replace these while it runs.
+        jobs reported. ``announce`` is called with the record once registered."""
+        # A SIGINT/SIGTERM while registering (before there is a worker) is noted: the
+        # worker then starts stopped and exits 0, instead of the process dying of the
+        # signal. From the moment the worker exists, a signal goes straight to it (one
+        # handler replacing the other, never the default in between), so none is lost
+        # on the way into its run.
         early = threading.Event()
-        restore = on_stop_signals(early.set)
+        restore_early = on_stop_signals(early.set)
         try:
             rec = self.record or self.register()
+            if announce is not None:
+                announce(rec)
             self.worker = ProcessWorker(
                 self.dispatch,
                 rec.queues,
@@ -92,8 +96,9 @@ class Daemon:
                 lease_seconds=self._lease_seconds,
                 worker_id=f"{rec.id}@{rec.host}",
             )
+            restore_worker = on_stop_signals(self.worker.request_stop)
         except BaseException:
-            restore()
+            restore_early()
             raise
         if early.is_set():
             self.worker.request_stop()
@@ -102,7 +107,8 @@ class Daemon:
         try:
             return self.worker.run()
         finally:
-            restore()
+            restore_worker()
+            restore_early()
             self._stop.set()
             beat.join(timeout=10)
 
