@@ -470,8 +470,13 @@ class _Watching:
             return  # every wait gave up before this
         self.here = threading.get_ident()
         try:
-            self._watch(ids)
-            self._finished_now()
+            # (the zero-timeout waits' read first: the ids it read are then known to
+            # the transport, whose watch would otherwise ask for them again)
+            if self._finished_now():
+                with self.lock:
+                    ids = [i for i, futs in self.waits.items() if not all(f.done() for f in futs)]
+            if ids:
+                self._watch(ids)
         finally:
             self.here = None
         if not self.left:
@@ -491,12 +496,12 @@ class _Watching:
         except Exception as exc:  # (the plane unreachable, the transport closed)
             self._fail(self._waits_on(ids), exc)
 
-    def _finished_now(self) -> None:
+    def _finished_now(self) -> bool:
         """Set the records finished by now of the ids waits with no time to wait are on
-        (loop thread, while registering)."""
+        (loop thread, while registering); whether it set or failed any."""
         read = getattr(self.transport, "finished_now", None)
         if read is None or not self.zero:
-            return
+            return False
         with self.lock:
             pending = [
                 i
@@ -504,7 +509,7 @@ class _Watching:
                 if any(f in self.zero and not f.done() for f in futs)
             ]
         if not pending:
-            return
+            return False
         records: list[Invocation] = []
         try:
             records = read(pending)
@@ -518,7 +523,7 @@ class _Watching:
             self._fail(self._zero_waits_on(pending), exc)
         for rec in records:
             self._fire(rec)
-        self._unwatch_ids([rec.id for rec in records if rec.state in FINISHED])
+        return True
 
     def _waits_on(self, ids: list[str]) -> list[asyncio.Future[Invocation]]:
         with self.lock:

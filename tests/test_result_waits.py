@@ -206,6 +206,39 @@ def test_waits_with_no_time_to_wait_read_the_plane_once_a_turn(
     wait_for(lambda: not watched(dp))
 
 
+def test_another_clients_waits_with_no_time_to_wait_ask_the_plane_once(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = role_token(served, "admin")
+    with dls.Dispatch(served.url, token=token) as producer:
+        _, sq, ids = done_calls(producer, 2)
+        late = sq.submit("builtins:abs", -9, _delay=3600)  # (not due)
+    # Given a client that has not seen these ids (it did not submit them)
+    with dls.Dispatch(served.url, token=token) as dp:
+        asked: list[list[str]] = []
+        real = dp.transport._wait  # type: ignore[attr-defined]
+
+        def zero_second_wait(ids: list[str], timeout: float) -> Any:
+            if timeout == 0:
+                asked.append(list(ids))
+            return real(ids, timeout)
+
+        monkeypatch.setattr(dp.transport, "_wait", zero_second_wait)
+        q = dls.Queue("w", dispatch=dp)
+
+        async def gather() -> list[Any]:
+            waits = (q.result(i, timeout=0) for i in [*ids, late])
+            return list(await asyncio.gather(*waits, return_exceptions=True))
+
+        # When it waits on them with no time to wait, two finished and one not due
+        *values, not_yet = asyncio.run(gather())
+        # Then the finished ones have their values and the other times out
+        assert values == [0, 1] and isinstance(not_yet, TimeoutError)
+        # having asked the plane once for them all (not once more for the unfinished)
+        assert asked == [[*ids, late]]
+        wait_for(lambda: not watched(dp))
+
+
 def test_a_finished_result_awaited_again_is_returned_again(dp: dls.Dispatch) -> None:
     q, sq = dls.Queue("w", dispatch=dp), dls.SyncQueue("w", dispatch=dp)
     x = sq.submit("builtins:abs", -7)

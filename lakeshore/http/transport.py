@@ -276,7 +276,6 @@ class HttpTransport(Session):
         with self._lock:  # (once for all: a gather's watch has thousands of ids)
             fresh = [i for i in ids if i not in self._known]
         finished = self.finished_now(fresh) if fresh else []
-        self._remember(fresh)
         return self._watches.add(ids, callback, finished)
 
     def cancel(self, inv_id: str) -> State:
@@ -328,10 +327,12 @@ class HttpTransport(Session):
         """The records of those of ``ids`` finished now: one zero-second wait per
         ``max_wait_ids``, not a read of each (a watch hears of a finish only at its
         poller's next answer). Raises :class:`UnknownInvocation` for an id the plane
-        does not have."""
+        does not have; the ids it does have are known from then on (a watch of them
+        does not ask again)."""
         out: list[Invocation] = []
         for chunk in batches(list(dict.fromkeys(ids)), self.limits.max_wait_ids):
             out.extend(self._wait(list(chunk), 0.0))
+            self._remember(chunk)
         return out
 
     def _wait(self, ids: list[str], timeout: float) -> list[Invocation]:
