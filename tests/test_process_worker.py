@@ -351,32 +351,80 @@ def test_a_slot_is_free_when_it_has_no_job_whatever_waits_behind_another(
         assert not w._has_free_slot()
 
 
+@pytest.mark.parametrize("signals", [1, 2], ids=["one signal", "two signals"])
 def test_a_sigterm_while_a_daemon_registers_stops_it_cleanly(
-    dp: dls.Dispatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dp: dls.Dispatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, signals: int
 ) -> None:
     import signal
 
     from dreamlake.lakeshore.worker.daemon import Daemon
 
     # Given a daemon run in this (the main) thread, sent SIGTERM while it registers,
-    # before the worker's own handlers are in place
+    # before the worker's own handlers are in place (once, or twice)
     before = signal.getsignal(signal.SIGTERM)
     transport = dp.transport
     register = transport.register_daemon
 
     def register_then_signalled(*args: Any, **kwargs: Any) -> Any:
         rec = register(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(signals):
+            os.kill(os.getpid(), signal.SIGTERM)
         return rec
 
     monkeypatch.setattr(transport, "register_daemon", register_then_signalled)
     daemon = Daemon(dp, "early", concurrency=1, heartbeat_every=0.2, state_dir=tmp_path)
     # When it runs, then it stops at once, having run nothing, instead of the process
-    # dying of the signal
+    # dying of the signal; warm after one signal, cold after two (as once it runs)
     assert daemon.run() == 0
     assert daemon.worker is not None and daemon.worker._stopping.is_set()
+    assert daemon.worker._cold.is_set() == (signals == 2)
     # And the handlers in place before are back
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.timeout(60)
+def test_a_second_signal_while_a_stop_is_being_set_is_taken_not_waited_on(
+    dp: dls.Dispatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+
+    from dreamlake.lakeshore.worker import pool
+    from dreamlake.lakeshore.worker.daemon import Daemon
+
+    # Given a SIGTERM while a daemon registers, and a second one landing just as the
+    # first is handed to the worker: while setting the worker's stop holds its lock
+    class Interrupted(threading.Event):
+        fired = False
+
+        def set(self) -> None:
+            with self._cond:
+                if not Interrupted.fired:
+                    Interrupted.fired = True
+                    os.kill(os.getpid(), signal.SIGTERM)  # (its handler runs here)
+                self._flag = True
+                self._cond.notify_all()
+
+    made = pool.ProcessWorker.__init__
+
+    def with_interrupted_stop(self: pool.ProcessWorker, *args: Any, **kwargs: Any) -> None:
+        made(self, *args, **kwargs)
+        self._stopping = Interrupted()
+
+    monkeypatch.setattr(pool.ProcessWorker, "__init__", with_interrupted_stop)
+    register = dp.transport.register_daemon
+
+    def register_then_signalled(*args: Any, **kwargs: Any) -> Any:
+        rec = register(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return rec
+
+    monkeypatch.setattr(dp.transport, "register_daemon", register_then_signalled)
+    daemon = Daemon(dp, "twice", concurrency=1, heartbeat_every=0.2, state_dir=tmp_path)
+    # When it runs, then the handler does not wait on the lock its own thread holds:
+    # the daemon stops, cold (two signals)
+    assert daemon.run() == 0
+    assert Interrupted.fired
+    assert daemon.worker is not None and daemon.worker._cold.is_set()
 
 
 def test_a_sigterm_as_a_daemons_worker_begins_its_run_stops_it(

@@ -80,10 +80,10 @@ class Daemon:
         # A SIGINT/SIGTERM while registering (before there is a worker) is noted: the
         # worker then starts stopped and exits 0, instead of the process dying of the
         # signal. From the moment the worker exists, a signal goes straight to it (one
-        # handler replacing the other, never the default in between), so none is lost
-        # on the way into its run.
-        early = threading.Event()
-        restore_early = on_stop_signals(early.set)
+        # handler replacing the other, never the default in between), and the signals
+        # noted before are handed on after that (two: a cold stop), so none is lost.
+        early: list[int] = []
+        restore_early = on_stop_signals(lambda: early.append(1))  # (one step: signal-safe)
         try:
             rec = self.record or self.register()
             if announce is not None:
@@ -100,17 +100,17 @@ class Daemon:
         except BaseException:
             restore_early()
             raise
-        if early.is_set():
+        for _ in early[:2]:
             self.worker.request_stop()
         beat = threading.Thread(target=self._beat, name="lakeshore-daemon", daemon=True)
         beat.start()
         try:
             return self.worker.run()
         finally:
-            restore_worker()
-            restore_early()
             self._stop.set()
             beat.join(timeout=10)
+            restore_worker()
+            restore_early()
 
     def request_stop(self) -> None:
         if self.worker is not None:

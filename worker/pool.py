@@ -39,6 +39,7 @@ set flags: the first SIGINT/SIGTERM stops claiming and lets in-flight jobs finis
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import multiprocessing
 import os
@@ -205,6 +206,8 @@ class ProcessWorker:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._cold = threading.Event()
+        #: stop requests so far (``next`` on it is one step: safe in a signal handler)
+        self._stops = itertools.count()
         #: set (synchronously, signal-safe) by the first stop: a job process that made
         #: the worker's claim runs nothing it leased once this is set
         self._stop_flag = self._ctx.RawValue("b", 0)
@@ -299,14 +302,17 @@ class ProcessWorker:
                 self._slots.remove(slot)
 
     def request_stop(self) -> None:
-        """First call: finish in-flight jobs and stop. Second: stop cold."""
+        """First call: finish in-flight jobs and stop. Second: stop cold. Later ones
+        change nothing. Safe from a signal handler, also one that interrupted a call."""
         self._stop_flag.value = 1
-        # (setting an Event takes its lock: a signal handler that set one the interrupted
-        # main thread was setting would wait on itself, so each is set once)
-        if self._stopping.is_set():
-            self._cold.set()
-        else:
+        # (setting an Event takes its lock: a signal handler that set the one the
+        # interrupted main thread was setting would wait on itself, so each Event is
+        # set by one call only, the one its number in the count names)
+        n = next(self._stops)
+        if n == 0:
             self._stopping.set()
+        elif n == 1:
+            self._cold.set()
         self._wake()
 
     def _install_signals(self) -> Callable[[], None]:
@@ -349,8 +355,8 @@ class ProcessWorker:
                     self._next_flush = time.monotonic() + _LOG_FLUSH
                     self._flush_output()
         finally:
-            if not self._stopping.is_set():  # (see request_stop)
-                self._stopping.set()
+            if not self._stopping.is_set():  # (the loop raised: see request_stop)
+                self.request_stop()
             with self._cv:
                 self._answer_delegation(None, None, None)
                 self._cv.notify_all()
