@@ -416,9 +416,11 @@ class _Watching:
     error a watch of its id alone raises. An id the plane does not have fails the whole
     watch, so the group then watches each id alone; any other error of the watch (the
     plane unreachable) is every wait's. A wait with no time to wait (``timeout=0``) gets
-    a record finished by then: a transport whose watch hears of finishes later (HTTP: at
-    its poller's next answer) is asked for those ids at once (``finished_now``), before
-    any timer. A wait leaves the group when it is over, so the group holds no finished
+    a record finished by then: a group with such waits on a transport whose watch hears
+    of finishes later (HTTP: at its poller's next answer) asks for all its ids at once
+    (``finished_now``), before any timer, and then watches only the ids a wait with time
+    to wait is still on (the transport knows them by then: its watch asks nothing). A
+    wait leaves the group when it is over, so the group holds no finished
     wait's future or record; ids that finish leave the transport's books as they fire,
     and an id whose last wait gave up (a timeout, a cancel) is unwatched then.
     """
@@ -470,11 +472,7 @@ class _Watching:
             return  # every wait gave up before this
         self.here = threading.get_ident()
         try:
-            # (the zero-timeout waits' read first: the ids it read are then known to
-            # the transport, whose watch would otherwise ask for them again)
-            if self._finished_now():
-                with self.lock:
-                    ids = [i for i, futs in self.waits.items() if not all(f.done() for f in futs)]
+            ids = self._finished_now(ids)
             if ids:
                 self._watch(ids)
         finally:
@@ -496,41 +494,42 @@ class _Watching:
         except Exception as exc:  # (the plane unreachable, the transport closed)
             self._fail(self._waits_on(ids), exc)
 
-    def _finished_now(self) -> bool:
-        """Set the records finished by now of the ids waits with no time to wait are on
-        (loop thread, while registering); whether it set or failed any."""
+    def _finished_now(self, ids: list[str]) -> list[str]:
+        """With waits with no time to wait among the group's, on a transport whose watch
+        hears of finishes later (HTTP): read what is finished of all ``ids`` now (one
+        zero-second wait, after which the transport knows them and its watch asks
+        nothing) and set those records. Returns the ids still to watch: those some wait
+        with time to wait is still on (all of ``ids`` without such waits). Loop
+        thread, while registering."""
         read = getattr(self.transport, "finished_now", None)
         if read is None or not self.zero:
-            return False
-        with self.lock:
-            pending = [
-                i
-                for i, futs in self.waits.items()
-                if any(f in self.zero and not f.done() for f in futs)
-            ]
-        if not pending:
-            return False
+            return ids
         records: list[Invocation] = []
         try:
-            records = read(pending)
-        except (UnknownInvocation, ExpiredInvocation):  # (ask for each alone)
-            for inv_id in pending:
+            records = read(ids)
+        except (UnknownInvocation, ExpiredInvocation):
+            # (one id the plane does not have fails the read: each id is read alone,
+            # and every wait on one it does not have gets that error)
+            for inv_id in ids:
                 try:
                     records.extend(read([inv_id]))
                 except Exception as exc:
-                    self._fail(self._zero_waits_on([inv_id]), exc)
-        except Exception as exc:  # (the waits with no time to wait have their answer)
-            self._fail(self._zero_waits_on(pending), exc)
+                    self._fail(self._waits_on([inv_id]), exc)
+        except Exception as exc:  # (the plane unreachable: every wait has its answer)
+            self._fail(self._waits_on(ids), exc)
+            return []
         for rec in records:
             self._fire(rec)
-        return True
+        with self.lock:
+            return [
+                i
+                for i, futs in self.waits.items()
+                if any(not f.done() and f not in self.zero for f in futs)
+            ]
 
     def _waits_on(self, ids: list[str]) -> list[asyncio.Future[Invocation]]:
         with self.lock:
             return [f for i in ids for f in self.waits.get(i, ())]
-
-    def _zero_waits_on(self, ids: list[str]) -> list[asyncio.Future[Invocation]]:
-        return [f for f in self._waits_on(ids) if f in self.zero]
 
     @staticmethod
     def _fail(futs: list[asyncio.Future[Invocation]], exc: Exception) -> None:

@@ -275,3 +275,68 @@ def test_an_unreachable_plane_fails_each_wait_once(
     assert all(isinstance(e, dls.Unavailable) for e in errors), errors
     assert len({id(e) for e in errors}) == 3
     assert seen == [ids]
+
+
+def test_an_unreachable_plane_fails_zero_timeout_and_other_waits_at_one_try(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with dls.Dispatch(served.url, token=role_token(served, "admin")) as producer:
+        sq = dls.SyncQueue("w", dispatch=producer)
+        ids = [sq.submit("builtins:abs", -k) for k in range(2)]
+    # Given a client that never saw these ids, and a plane that is gone
+    with dls.Dispatch(served.url, token=role_token(served, "admin"), backoff=0.01) as dp:
+        q = dls.Queue("w", dispatch=dp)
+        served.stop()
+        seen = watches_of(dp, monkeypatch)
+        tries = counting_calls(dp.transport, "finished_now", monkeypatch)
+
+        async def gather() -> list[Any]:
+            waits = [q.result(ids[0], timeout=0), q.result(ids[1], timeout=30)]
+            return list(await asyncio.gather(*waits, return_exceptions=True))
+
+        # When a wait with no time to wait and one with time are begun together
+        errors = asyncio.run(gather())
+    # Then both raise the plane's absence after one try (not a second for the watch)
+    assert all(isinstance(e, dls.Unavailable) for e in errors), errors
+    assert len(tries) == 1 and seen == []
+
+
+def test_zero_timeout_waits_beside_an_unknown_id_ask_for_each_id_once_at_most(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = role_token(served, "admin")
+    with dls.Dispatch(served.url, token=token) as producer:
+        _, sq, (done,) = done_calls(producer, 1)
+        late = sq.submit("builtins:abs", -9, _delay=3600)  # (not due)
+    # Given a client that has not seen these ids, and one id the plane does not have
+    with dls.Dispatch(served.url, token=token) as dp:
+        asked: list[list[str]] = []
+        real = dp.transport._wait  # type: ignore[attr-defined]
+
+        def zero_second_wait(ids: list[str], timeout: float) -> Any:
+            if timeout == 0:
+                asked.append(list(ids))
+            return real(ids, timeout)
+
+        monkeypatch.setattr(dp.transport, "_wait", zero_second_wait)
+        q = dls.Queue("w", dispatch=dp)
+        nope = "01" + "x" * 24
+
+        async def gather() -> list[Any]:
+            waits = [
+                q.result(done, timeout=0),
+                q.result(nope, timeout=0),
+                q.result(nope, timeout=5),
+                q.result(late, timeout=0.2),
+            ]
+            return list(await asyncio.gather(*waits, return_exceptions=True))
+
+        # When they are awaited together
+        value, unknown, unknown_too, not_yet = asyncio.run(gather())
+        # Then each has its own answer
+        assert value == 0 and isinstance(not_yet, TimeoutError)
+        assert isinstance(unknown, UnknownInvocation) and isinstance(unknown_too, UnknownInvocation)
+        # after one zero-second wait for them all and then one for each alone (the
+        # unknown id failed the first), and none more for the watch
+        assert asked == [[done, nope, late], [done], [nope], [late]]
+        wait_for(lambda: not watched(dp))
