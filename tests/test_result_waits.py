@@ -206,6 +206,21 @@ def test_waits_with_no_time_to_wait_read_the_plane_once_a_turn(
     wait_for(lambda: not watched(dp))
 
 
+def zero_second_waits(dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The id lists of every zero-second wait ``dp`` (over HTTP) asks the plane from now
+    on."""
+    asked: list[list[str]] = []
+    real = dp.transport._wait  # type: ignore[attr-defined]
+
+    def zero_second_wait(ids: list[str], timeout: float) -> Any:
+        if timeout == 0:
+            asked.append(list(ids))
+        return real(ids, timeout)
+
+    monkeypatch.setattr(dp.transport, "_wait", zero_second_wait)
+    return asked
+
+
 def test_another_clients_waits_with_no_time_to_wait_ask_the_plane_once(
     served: LocalServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,15 +230,7 @@ def test_another_clients_waits_with_no_time_to_wait_ask_the_plane_once(
         late = sq.submit("builtins:abs", -9, _delay=3600)  # (not due)
     # Given a client that has not seen these ids (it did not submit them)
     with dls.Dispatch(served.url, token=token) as dp:
-        asked: list[list[str]] = []
-        real = dp.transport._wait  # type: ignore[attr-defined]
-
-        def zero_second_wait(ids: list[str], timeout: float) -> Any:
-            if timeout == 0:
-                asked.append(list(ids))
-            return real(ids, timeout)
-
-        monkeypatch.setattr(dp.transport, "_wait", zero_second_wait)
+        asked = zero_second_waits(dp, monkeypatch)
         q = dls.Queue("w", dispatch=dp)
 
         async def gather() -> list[Any]:
@@ -253,36 +260,15 @@ def test_a_finished_result_awaited_again_is_returned_again(dp: dls.Dispatch) -> 
     assert asyncio.run(twice()) == (0, 0)
 
 
+@pytest.mark.parametrize(
+    "timeouts", [(None, None, None), (0, 30)], ids=["no timeout", "zero and 30 s"]
+)
 def test_an_unreachable_plane_fails_each_wait_once(
-    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch, timeouts: tuple[float | None, ...]
 ) -> None:
     with dls.Dispatch(served.url, token=role_token(served, "admin")) as producer:
         sq = dls.SyncQueue("w", dispatch=producer)
-        ids = [sq.submit("builtins:abs", -k) for k in range(3)]
-    # Given a client that never saw these ids, and a plane that is gone
-    with dls.Dispatch(served.url, token=role_token(served, "admin"), backoff=0.01) as dp:
-        q = dls.Queue("w", dispatch=dp)
-        served.stop()
-        seen = watches_of(dp, monkeypatch)
-
-        async def gather() -> list[Any]:
-            return list(await asyncio.gather(*(q.result(i) for i in ids), return_exceptions=True))
-
-        # When three waits without a timeout are begun together
-        errors = asyncio.run(gather())
-    # Then each raises the plane's absence, its own exception, after one try of the
-    # watch (not one more for each id)
-    assert all(isinstance(e, dls.Unavailable) for e in errors), errors
-    assert len({id(e) for e in errors}) == 3
-    assert seen == [ids]
-
-
-def test_an_unreachable_plane_fails_zero_timeout_and_other_waits_at_one_try(
-    served: LocalServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with dls.Dispatch(served.url, token=role_token(served, "admin")) as producer:
-        sq = dls.SyncQueue("w", dispatch=producer)
-        ids = [sq.submit("builtins:abs", -k) for k in range(2)]
+        ids = [sq.submit("builtins:abs", -k) for k in range(len(timeouts))]
     # Given a client that never saw these ids, and a plane that is gone
     with dls.Dispatch(served.url, token=role_token(served, "admin"), backoff=0.01) as dp:
         q = dls.Queue("w", dispatch=dp)
@@ -291,14 +277,18 @@ def test_an_unreachable_plane_fails_zero_timeout_and_other_waits_at_one_try(
         tries = counting_calls(dp.transport, "finished_now", monkeypatch)
 
         async def gather() -> list[Any]:
-            waits = [q.result(ids[0], timeout=0), q.result(ids[1], timeout=30)]
+            waits = (q.result(i, timeout=t) for i, t in zip(ids, timeouts, strict=True))
             return list(await asyncio.gather(*waits, return_exceptions=True))
 
-        # When a wait with no time to wait and one with time are begun together
+        # When waits on them are begun together (with no time to wait, or some)
         errors = asyncio.run(gather())
-    # Then both raise the plane's absence after one try (not a second for the watch)
+    # Then each raises the plane's absence, its own exception, after one try: not one
+    # more for each id, nor one for the watch after the zero-timeout waits' read (which
+    # then watches nothing)
     assert all(isinstance(e, dls.Unavailable) for e in errors), errors
-    assert len(tries) == 1 and seen == []
+    assert len({id(e) for e in errors}) == len(ids)
+    assert len(tries) == 1
+    assert seen == ([] if 0 in timeouts else [ids])
 
 
 def test_zero_timeout_waits_beside_an_unknown_id_ask_for_each_id_once_at_most(
@@ -310,15 +300,7 @@ def test_zero_timeout_waits_beside_an_unknown_id_ask_for_each_id_once_at_most(
         late = sq.submit("builtins:abs", -9, _delay=3600)  # (not due)
     # Given a client that has not seen these ids, and one id the plane does not have
     with dls.Dispatch(served.url, token=token) as dp:
-        asked: list[list[str]] = []
-        real = dp.transport._wait  # type: ignore[attr-defined]
-
-        def zero_second_wait(ids: list[str], timeout: float) -> Any:
-            if timeout == 0:
-                asked.append(list(ids))
-            return real(ids, timeout)
-
-        monkeypatch.setattr(dp.transport, "_wait", zero_second_wait)
+        asked = zero_second_waits(dp, monkeypatch)
         q = dls.Queue("w", dispatch=dp)
         nope = "01" + "x" * 24
 
