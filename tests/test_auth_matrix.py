@@ -532,6 +532,8 @@ def test_auth_matrix(world: World, route: Route, caller: str) -> None:
         code = {401: "unauthorized", 403: "forbidden"}[want]
         assert ans.body["error"]["code"] == code
         assert ans.body["error"]["message"]
+        if "cannot do this" in ans.body["error"]["message"]:  # (a role refused)
+            assert "(needs admin" in ans.body["error"]["message"]  # (names who may)
         # and a refused request changes nothing stored
         assert snapshot(world.plane) == before
     # No answer ever carries a token's secret (only POST /v1/tokens shows its new one)

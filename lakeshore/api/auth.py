@@ -51,7 +51,8 @@ class Identity:
     def require(self, *roles: str) -> None:
         """Raise :class:`Forbidden` unless the role is admin or one of ``roles``."""
         if self.role != "admin" and self.role not in roles:
-            raise Forbidden(f"a {self.role} token cannot do this (needs {' or '.join(roles)})")
+            needs = " or ".join(("admin", *roles)) if roles else "admin"
+            raise Forbidden(f"a {self.role} token cannot do this (needs {needs})")
 
     @property
     def unscoped(self) -> bool:
