@@ -578,7 +578,8 @@ def _nested(depth: int) -> Any:
 
 
 BAD_BODIES = [
-    (b"\xc1\xc1", MP, "malformed body"),
+    (b"\xc1\xc1", MP, "malformed body: not valid msgpack"),  # (msgpack says nothing)
+    (b"\x93\x01", MP, "malformed body: not valid msgpack, or cut short"),  # (a cut array)
     (b"{not json", JS, "malformed body"),
     (msgpack.packb([1, 2]), MP, "body must be a map"),
     (msgpack.packb({"invocations": "nope"}), MP, "must be list"),

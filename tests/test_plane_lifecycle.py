@@ -1172,8 +1172,8 @@ def test_delete_queue_without_force_refuses_a_busy_queue(plane: Plane, busy: str
         assert claim_one(plane) is not None
     # When it is deleted without force
     # Then it is refused, and the queue and invocation stay
-    with pytest.raises(InvalidRequest):
-        plane.delete_queue(QUEUE)
+    with pytest.raises(InvalidRequest, match="--force, force=true, force=True"):
+        plane.delete_queue(QUEUE)  # (saying how to, on each surface)
     assert plane.get_queue(QUEUE) == QueueSpec(QUEUE)
     assert plane.get("job-1").public_state(plane.now()).value == busy
 

@@ -114,7 +114,12 @@ def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[st
                 "(with curl: -H 'Content-Type: application/json')"
             )
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
-        raise InvalidRequest(f"malformed body: {exc}") from None
+        why = str(exc)
+        if media != JSON and media and (not why or "exceeds max_" in why):
+            # (msgpack says nothing of a bad first byte, and a cut-off array or map
+            # reads as one longer than the body)
+            why = "not valid msgpack, or cut short" + (f" ({why})" if why else "")
+        raise InvalidRequest(f"malformed body: {why}") from None
     except RecursionError:
         raise InvalidRequest("body nests too deeply") from None
     if not isinstance(value, dict):

@@ -82,7 +82,8 @@ class QueueOps(PlaneBase):
             busy = raw.get("pending", 0) + raw.get("scheduled", 0) + raw.get("running", 0)
             if busy:
                 raise InvalidRequest(
-                    f"queue {name!r} has {busy} pending or running invocations; use force"
+                    f"queue {name!r} has {busy} pending or running invocations; delete it"
+                    " with force to drop them too (--force, force=true, force=True)"
                 )
         gone = self.store.delete_queue(name)
         self._changes.removed()
