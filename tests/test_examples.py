@@ -98,3 +98,57 @@ def test_hello_prints_its_result() -> None:
     submitted, result = lines
     assert re.fullmatch(r"submitted [0-9a-z]{26}", submitted), submitted
     assert ast.literal_eval(result) == {"greeting": "hello, lakeshore"}
+
+
+# --- the README's code blocks --------------------------------------------------------------
+
+README = ROOT / "README.md"
+
+
+def readme_blocks() -> list[str]:
+    """The README's Python code blocks, in order."""
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_every_readme_python_block_parses() -> None:
+    # Given the README's Python blocks (fragments may lean on names defined above them,
+    # but none may be broken code, such as an `await` outside a function)
+    blocks = readme_blocks()
+    assert len(blocks) >= 5
+    # Then each one parses
+    for block in blocks:
+        ast.parse(block)
+
+
+def test_the_readme_fan_out_is_the_example_and_runs(tmp_path: Path) -> None:
+    # Given the README's fan-out block
+    (block,) = [b for b in readme_blocks() if "async def fan_out(n: int, dp)" in b]
+    # Then it is the example's code (the example's blank lines aside)
+    example = (EXAMPLES / "fan_out.py").read_text()
+    squeeze = lambda text: [line for line in text.splitlines() if line.strip()]  # noqa: E731
+    assert " ".join(squeeze(block)) in " ".join(squeeze(example))
+    # and run as written, it prints the ten squares
+    script = tmp_path / "fan_out_from_readme.py"
+    script.write_text(block)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=RUN_TIMEOUT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == [f"  square({i}) = {i * i}" for i in range(10)]
+
+
+def test_the_readme_pytest_example_passes(tmp_path: Path) -> None:
+    # Given the README's test, as a test file of its own
+    (block,) = [b for b in readme_blocks() if "def test_squares(" in b]
+    (tmp_path / "test_readme_example.py").write_text(block)
+    # When pytest runs it (the plugin comes with the package)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    # Then it passes
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
