@@ -183,6 +183,45 @@ class RemoteError(LakeshoreError):
         return f"{self.type_name}: {base}" if self.type_name else base
 
 
+class JobFailed(RemoteError):
+    """A failure the worker recorded for a job, not an exception of the function's own:
+    a :class:`RemoteError` (so ``except RemoteError`` still takes it) of a type of its
+    own, named ``dreamlake.lakeshore.<class>`` on the wire (``type_name``)."""
+
+    code = "job_failed"
+
+    def __init__(self, message: str, *, type_name: str = "", remote_traceback: str = "") -> None:
+        own = f"dreamlake.lakeshore.{type(self).__name__}"
+        super().__init__(message, type_name=type_name or own, remote_traceback=remote_traceback)
+
+
+class WorkerCrashed(JobFailed):
+    """The job's process died (a segfault, ``os._exit``, the memory limit) before it
+    answered; its slot was started again."""
+
+    code = "worker_crashed"
+
+
+class CannotLoad(JobFailed):
+    """The worker could not load the call: another Python or pickle protocol than the
+    producer's, or a module or function it does not have."""
+
+    code = "cannot_load"
+
+
+class InvalidResult(JobFailed):
+    """The function returned a value the plane could not record (not retried)."""
+
+    code = "invalid_result"
+
+
+class DataKeyMissing(JobFailed):
+    """A function returned a bare ``str`` (a data UDF's manifest of keys) naming keys the
+    data store does not have; a function that returns text should wrap it in a dict."""
+
+    code = "data_key_missing"
+
+
 class InvocationDead(LakeshoreError):
     """Every attempt lost its worker (crash, kill, lease expiry) up to ``max_attempts``."""
 

@@ -192,7 +192,7 @@ def test_a_result_over_the_blob_limit_fails_its_invocation_at_once(small: LocalS
         # lease runs out, to run again and again)
         rec = q.dispatch.transport.get(inv)
         assert rec.state.value == "failed"
-        with pytest.raises(dls.RemoteError, match="blob limit"):
+        with pytest.raises(dls.InvalidResult, match="blob limit"):
             q.result(inv, timeout=10)
 
 

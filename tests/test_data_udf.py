@@ -46,9 +46,10 @@ def test_a_bare_str_naming_no_stored_key_fails_with_advice(dispatch: dls.Dispatc
     q = dls.SyncQueue("text", dispatch=dispatch)
     inv = q.submit(say_hello)
     dls.run_worker(q, once=True)
-    with pytest.raises(dls.RemoteError, match="wrap text in structured data") as info:
+    with pytest.raises(dls.DataKeyMissing, match="wrap text in structured data") as info:
         q.result(inv, timeout=10)
     assert info.value.type_name == "dreamlake.lakeshore.DataKeyMissing"
+    assert isinstance(info.value, dls.RemoteError)  # (as before it had a type of its own)
 
 
 def test_data_get_of_a_missing_key_is_not_found(dispatch: dls.Dispatch) -> None:

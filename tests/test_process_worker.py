@@ -196,9 +196,10 @@ def test_a_crashing_job_fails_and_the_worker_carries_on(
     bad = q.submit(job)
     good = q.submit(square, 5)
     with worker(dp, "crash"):
-        with pytest.raises(dls.RemoteError, match=reason) as info:
+        with pytest.raises(dls.WorkerCrashed, match=reason) as info:  # (a RemoteError)
             q.result(bad, timeout=30)
         assert info.value.type_name == "dreamlake.lakeshore.WorkerCrashed"
+        assert isinstance(info.value, dls.RemoteError)
         assert q.result(good, timeout=30) == 25
 
 

@@ -30,5 +30,5 @@ def test_a_newer_pickle_protocol_fails_with_both_versions_named(dispatch: dls.Di
     dls.run_worker(q, once=True)
     dls.run_worker(q, once=True)
     # Then the call fails, naming both sides and the way out
-    with pytest.raises(dls.RemoteError, match=r"Python 3\.99.*reads up to.*module:function"):
+    with pytest.raises(dls.CannotLoad, match=r"Python 3\.99.*reads up to.*module:function"):
         q.result("future", timeout=10)
