@@ -98,7 +98,11 @@ def emit(
     as_json: bool,
     title: str | None = None,
 ) -> None:
-    """Print ``rows`` as a rich table for people, or as JSON for scripts."""
+    """Print ``rows`` as a rich table for people, or as JSON for scripts.
+
+    The first column (the id or name other commands take) is never cut short; the
+    others give way on a narrow terminal. Output that is not a terminal is as wide as
+    the table needs, so nothing in it is cut."""
     if as_json:
         json.dump(_plain(list(rows)), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -106,12 +110,18 @@ def emit(
     from rich.console import Console
     from rich.table import Table
 
+    cells = [[str(get(row)) for _, get in columns] for row in rows]
+    widths = [max([len(name), *(len(r[k]) for r in cells)]) for k, (name, _) in enumerate(columns)]
     table = Table(title=title)
-    for name, _ in columns:
-        table.add_column(name)
-    for row in rows:
-        table.add_row(*(str(get(row)) for _, get in columns))
-    Console().print(table)
+    for k, (name, _) in enumerate(columns):
+        if k == 0:
+            table.add_column(name, no_wrap=True, min_width=widths[0])
+        else:
+            table.add_column(name)
+    for r in cells:
+        table.add_row(*r)
+    whole = sum(widths) + 3 * len(widths) + 1  # (the borders and padding)
+    Console(width=None if sys.stdout.isatty() else max(80, whole)).print(table)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -97,6 +97,33 @@ def test_queue_verbs(plane: str) -> None:
     assert code == 2 and "not a duration" in out
 
 
+def test_tables_never_cut_what_other_commands_take(plane: str) -> None:
+    # Given daemons and a queue with long names and many queues (a table wider than 80)
+    long_queue = "fan-out-demo-with-a-name-longer-than-a-column-" + "x" * 20
+    assert run("queues", "add", long_queue, "--plane", plane)[0] == 0
+    with dls.Dispatch(plane) as dp:
+        queues = [f"queue-number-{k}" for k in range(8)]
+        ids = [
+            dp.transport.register_daemon(
+                f"gpu-box-{k}",
+                queues=queues,
+                concurrency=4,
+                python="3.11",
+                pickle_protocols=[5],
+                host="host-with-a-long-name.example.internal",
+            ).id
+            for k in range(2)
+        ]
+    # When they are listed as tables (not a terminal: the test's captured output)
+    _, daemons = run("daemon", "ls", "--plane", plane)
+    _, listed = run("queues", "ls", "--plane", plane)
+    # Then every id and name is there whole, to copy into the next command
+    for daemon_id in ids:
+        assert daemon_id in daemons
+    assert long_queue in listed
+    assert "…" not in daemons + listed
+
+
 # --- exec and invocations --------------------------------------------------------------------
 
 
