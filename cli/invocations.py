@@ -156,15 +156,21 @@ def ls(
     queue: Annotated[str, typer.Option("--queue", "-q")],
     state: Annotated[str | None, typer.Option(help="Only this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
+    after: Annotated[
+        str | None, typer.Option(help="Start after this id (the last one of a page).")
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     plane: PlaneOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A queue's invocations, oldest first."""
+    """A queue's invocations, oldest first, a page of --limit at a time."""
     with open_plane(url, token, plane) as dp:
         now = dp.transport.now()
-        rows = [_view(r, now) for r in dp.transport.list_invocations(queue, state, None, limit)]
+        found = dp.transport.list_invocations(queue, state, after, limit)
+        rows = [_view(r, now) for r in found]
+        if len(found) == limit and not as_json:  # (said on stderr: stdout stays the table)
+            typer.echo(f"(the first {limit}; the next page: --after {found[-1].id})", err=True)
         emit(
             rows,
             [

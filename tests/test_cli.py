@@ -177,6 +177,34 @@ def test_invocation_verbs(plane: str) -> None:
     assert code == 1 and "unknown_invocation" in out
 
 
+def test_invocations_ls_says_when_there_is_another_page(plane: str) -> None:
+    # Given a queue of five invocations
+    with dls.Dispatch(plane) as dp:
+        q = dls.SyncQueue("many", dispatch=dp)
+        ids = sorted(q.submit(slow_square, k, 0) for k in range(5))  # (listed by id)
+    # When a page of two is listed, then the output says how to ask for the next
+    code, out = run("invocations", "ls", "-q", "many", "--limit", "2", "--plane", plane)
+    assert code == 0 and f"the next page: --after {ids[1]}" in out
+    # and that page is the next two
+    page = run(
+        "invocations",
+        "ls",
+        "-q",
+        "many",
+        "--limit",
+        "2",
+        "--after",
+        ids[1],
+        "--plane",
+        plane,
+        "--json",
+    )[1]
+    assert [r["id"] for r in json.loads(page)] == ids[2:4]
+    # and a last page that is not full says nothing more
+    code, out = run("invocations", "ls", "-q", "many", "--limit", "9", "--plane", plane)
+    assert code == 0 and "next page" not in out
+
+
 # --- workers and daemons as processes ----------------------------------------------------------
 
 
