@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import wait_for
@@ -55,10 +56,12 @@ def thread_worker(plane: str, queue: str) -> Iterator[None]:
             thread.join(timeout=30)
 
 
-def spawn(*args: str) -> subprocess.Popen[bytes]:
-    """``lakeshore ARGS`` as a process (its output goes to this test's output)."""
+def spawn(*args: str, **popen: Any) -> subprocess.Popen[bytes]:
+    """``lakeshore ARGS`` as a process (its output goes to this test's output, unless
+    ``popen`` says otherwise)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
-    return subprocess.Popen([sys.executable, "-m", "dreamlake.lakeshore.cli", *args], env=env)
+    cmd = [sys.executable, "-m", "dreamlake.lakeshore.cli", *args]
+    return subprocess.Popen(cmd, env=env, **popen)
 
 
 # --- queues ------------------------------------------------------------------------------
@@ -218,17 +221,20 @@ def test_sigterm_drains_a_worker_and_exits_0(plane: str, tmp_path: Path) -> None
     with dls.Dispatch(plane) as dp:
         q = dls.SyncQueue("drain", dispatch=dp)
         inv = q.submit(marked_square, 7, 1.5, str(started))
-        worker = spawn("worker", "start", "-q", "drain", "--plane", plane)
+        worker = spawn("worker", "start", "-q", "drain", "--plane", plane, stderr=subprocess.PIPE)
         try:
             # the job itself has begun ("running" on the plane is already true of a
             # claim still in the worker's buffer, which a stop hands back untried)
             wait_for(started.exists, timeout=30)
             worker.send_signal(signal.SIGTERM)
-            assert worker.wait(timeout=30) == 0
+            _, err = worker.communicate(timeout=30)
+            assert worker.returncode == 0
         finally:
             worker.kill()
         # the job in flight was finished, not abandoned
         assert q.result(inv, timeout=1) == 49
+        # and the worker said so as it began to stop
+        assert b"stopping once 1 running job(s) finish" in err
 
 
 SIGNALLED_AS_IT_REGISTERS = """

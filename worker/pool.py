@@ -331,15 +331,29 @@ class ProcessWorker:
         ]
         for t in threads:
             t.start()
+        said = 0  # the stops told to whoever watches (1: the warm one, 2: the cold one)
         try:
             while True:
                 # (a claiming child's word may start a job: it is read before the rest)
                 if self._cold.is_set():
+                    if said < 2 and self.running:
+                        said = 2
+                        log.warning(
+                            "lakeshore worker: stopping now, handing %d job(s) back",
+                            self.running,
+                        )
                     claiming = self._claiming_on_stop()
                     self._stop_cold()
                     if not claiming:
                         break
                 elif self._stopping.is_set():
+                    if said < 1 and self.running:
+                        said = 1
+                        log.warning(
+                            "lakeshore worker: stopping once %d running job(s) finish"
+                            " (stop again to hand them back now)",
+                            self.running,
+                        )
                     claiming = self._claiming_on_stop()
                     self._hand_back_buffer()
                     # (a claim taken back from a child is answered: run, or handed back)
