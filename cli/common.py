@@ -100,27 +100,29 @@ def emit(
 ) -> None:
     """Print ``rows`` as a rich table for people, or as JSON for scripts.
 
-    The first column (the id or name other commands take) is never cut short; the
-    others give way on a narrow terminal. Output that is not a terminal is as wide as
-    the table needs, so nothing in it is cut."""
+    Cells are text, never rich markup. Output that is not a terminal is as wide as the
+    table needs, so nothing in it is cut; on a terminal the first column (the id or
+    name other commands take) wraps whole instead of being cut short."""
     if as_json:
         json.dump(_plain(list(rows)), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
         return
+    from rich.cells import cell_len
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     cells = [[str(get(row)) for _, get in columns] for row in rows]
-    widths = [max([len(name), *(len(r[k]) for r in cells)]) for k, (name, _) in enumerate(columns)]
     table = Table(title=title)
     for k, (name, _) in enumerate(columns):
-        if k == 0:
-            table.add_column(name, no_wrap=True, min_width=widths[0])
-        else:
-            table.add_column(name)
+        table.add_column(name, overflow="fold" if k == 0 else "ellipsis")
     for r in cells:
-        table.add_row(*r)
-    whole = sum(widths) + 3 * len(widths) + 1  # (the borders and padding)
+        table.add_row(*(Text(c) for c in r))
+    widest = [
+        max([cell_len(name), *(cell_len(line) for r in cells for line in r[k].splitlines())])
+        for k, (name, _) in enumerate(columns)
+    ]
+    whole = sum(widest) + 3 * len(widest) + 1  # (the borders and padding)
     Console(width=None if sys.stdout.isatty() else max(80, whole)).print(table)
 
 

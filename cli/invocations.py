@@ -170,7 +170,7 @@ def ls(
         found = dp.transport.list_invocations(queue, state, after, limit)
         rows = [_view(r, now) for r in found]
         if len(found) == limit and not as_json:  # (said on stderr: stdout stays the table)
-            typer.echo(f"(the first {limit}; the next page: --after {found[-1].id})", err=True)
+            typer.echo(f"({limit} shown; the next page: --after {found[-1].id})", err=True)
         emit(
             rows,
             [

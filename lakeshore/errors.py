@@ -22,6 +22,11 @@
     │   └── Throttled                   429 slow down (``retry_after`` seconds)
     ├── Unavailable                     503 the plane cannot answer now; safe to retry
     ├── RemoteError                     the function raised; its type could not be rebuilt
+    │   └── JobFailed                   the worker recorded a failure of its own:
+    │       ├── WorkerCrashed               the job's process died
+    │       ├── CannotLoad                  another Python or pickle protocol
+    │       ├── InvalidResult               a return value the plane cannot record
+    │       └── DataKeyMissing              a data UDF's manifest names a missing key
     ├── InvocationDead                  its workers were lost more often than max_attempts
     ├── InvocationTimeout               it ran past its per-invocation timeout
     └── CancelledError                  the invocation was cancelled
@@ -39,14 +44,18 @@ from __future__ import annotations
 __all__ = [
     "BY_CODE",
     "CancelledError",
+    "CannotLoad",
     "ClientError",
     "Conflict",
+    "DataKeyMissing",
     "ExpiredInvocation",
     "Forbidden",
     "IdempotencyConflict",
     "InvocationDead",
     "InvocationTimeout",
     "InvalidRequest",
+    "InvalidResult",
+    "JobFailed",
     "LakeshoreError",
     "LeaseLost",
     "MethodNotAllowed",
@@ -61,6 +70,7 @@ __all__ = [
     "Unavailable",
     "UnsupportedMediaType",
     "UnknownInvocation",
+    "WorkerCrashed",
     "from_wire",
 ]
 
@@ -203,8 +213,9 @@ class WorkerCrashed(JobFailed):
 
 
 class CannotLoad(JobFailed):
-    """The worker could not load the call: another Python or pickle protocol than the
-    producer's, or a module or function it does not have."""
+    """The worker could not load the call: a pickle protocol or Python newer than its
+    own, or a function body it cannot find. (A module the worker does not have raises
+    its own ``ModuleNotFoundError`` at the producer.)"""
 
     code = "cannot_load"
 

@@ -108,7 +108,7 @@ def test_tables_never_cut_what_other_commands_take(plane: str) -> None:
         queues = [f"queue-number-{k}" for k in range(8)]
         ids = [
             dp.transport.register_daemon(
-                f"gpu-box-{k}",
+                f"[/gpu] box-{k}",  # (text, not rich markup)
                 queues=queues,
                 concurrency=4,
                 python="3.11",
@@ -123,6 +123,7 @@ def test_tables_never_cut_what_other_commands_take(plane: str) -> None:
     # Then every id and name is there whole, to copy into the next command
     for daemon_id in ids:
         assert daemon_id in daemons
+    assert "[/gpu] box-0" in daemons
     assert long_queue in listed
     assert "…" not in daemons + listed
 
