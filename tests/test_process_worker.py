@@ -194,22 +194,17 @@ def test_a_cold_stop_says_how_many_jobs_it_hands_back(
     # Given a worker running a long job
     q = dls.SyncQueue("long", dispatch=dp)
     inv = q.submit(sleepy, 60)
-    w = ProcessWorker(dp, ["long"])
-    thread = threading.Thread(target=w.run, daemon=True)
-    thread.start()
-    try:
+    with (
+        caplog.at_level("WARNING", logger="dreamlake.lakeshore.worker"),
+        worker(dp, "long") as (w, _),
+    ):
         wait_for(lambda: w.running == 1 and q.status(inv) == "running", timeout=30)
         # When it is asked to stop, then to stop now
-        with caplog.at_level("WARNING", logger="dreamlake.lakeshore.worker"):
-            w.request_stop()
-            wait_for(lambda: "stopping once 1 running job(s) finish" in caplog.text, timeout=10)
-            w.request_stop()
-            thread.join(timeout=30)
-    finally:
         w.request_stop()
-        thread.join(timeout=30)
-    # Then it said each, the second with the job it handed back, which waits again
-    assert "stopping now, handing 1 job(s) back" in caplog.text
+        wait_for(lambda: "stopping once 1 running job(s) finish" in caplog.text, timeout=10)
+        w.request_stop()
+        wait_for(lambda: "stopping now, handing 1 job(s) back" in caplog.text, timeout=10)
+    # Then it said each (above), and the job it handed back waits again
     assert q.status(inv) == "pending"
 
 
