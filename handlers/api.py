@@ -363,6 +363,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
     )
     route("PATCH", "/v1/daemons/{id}")(lambda ident, id: service.update_daemon(ident, id, body()))
     route("POST", "/v1/daemons/{id}/drain")(lambda ident, id: service.drain_daemon(ident, id))
+    route("DELETE", "/v1/daemons/{id}")(lambda ident, id: service.remove_daemon(ident, id))
 
     # --- tokens -------------------------------------------------------------------------------
     route("POST", "/v1/tokens")(lambda ident: service.create_token(ident, body()))

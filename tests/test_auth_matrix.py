@@ -456,6 +456,13 @@ ROUTE_TABLE: list[Route] = [
         lambda w: Request("POST", f"/v1/daemons/{w.daemon}/drain"),
     ),
     Route(
+        "DELETE",
+        "/v1/daemons/{id}",
+        WORKER,
+        False,
+        lambda w: Request("DELETE", f"/v1/daemons/{w.daemon}"),
+    ),
+    Route(
         "POST",
         "/v1/tokens",
         ADMIN,

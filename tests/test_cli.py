@@ -236,6 +236,8 @@ def test_sigterm_drains_a_worker_and_exits_0(plane: str, tmp_path: Path) -> None
         assert q.result(inv, timeout=1) == 49
         # and the worker said so as it began to stop
         assert b"stopping once 1 running job(s) finish" in err
+        # and it is gone from the plane's daemons (a fresh identity each start)
+        assert dp.transport.list_daemons() == []
 
 
 SIGNALLED_AS_IT_REGISTERS = """
@@ -314,6 +316,8 @@ def test_daemon_update_adds_a_queue_to_a_running_daemon(plane: str, tmp_path: Pa
                 assert json.loads(out)[0]["queues"] == ["new-work"]
                 assert run("daemon", "drain", rec.id, "--plane", plane)[0] == 0
                 assert daemon.wait(timeout=30) == 0
+                # a named daemon keeps its record (its identity) after it exits
+                assert [d.id for d in dp.transport.list_daemons()] == [rec.id]
         finally:
             daemon.kill()
     finally:

@@ -282,6 +282,8 @@ def test_real_answers_match_the_document(
     assert call("GET", "/v1/daemons", token=p).status == 200
     assert call("PATCH", f"/v1/daemons/{d}", {"concurrency": 4}, token=admin).status == 200
     assert call("POST", f"/v1/daemons/{d}/drain", token=admin).body["daemon"]["draining"]
+    assert call("DELETE", f"/v1/daemons/{d}", token=w).body == {"removed": True}
+    assert call("DELETE", f"/v1/daemons/{d}", token=w).status == 404
 
     # The dashboard: its files, what it reads, what it changes
     assert call("GET", "/", token=None).headers["location"] == "/ui/"

@@ -329,6 +329,21 @@ def test_queue_counter_adds_atomically_from_two_handles_on_the_same_data(
 # =======================================================================================
 
 
+def test_delete_daemon_removes_only_that_daemon(store: Store) -> None:
+    from dreamlake.lakeshore.plane.model import DaemonRecord
+
+    # Given two daemon records
+    for name in ("a", "b"):
+        store.put_daemon(DaemonRecord(f"d-{name}", name, "host", ["q"], 1, "3.11", [5], 1.0, 1.0))
+    # When one is deleted, then that says it was there, and only the other is left
+    assert store.delete_daemon("d-a") is True
+    assert [d.id for d in store.list_daemons()] == ["d-b"]
+    assert store.get_daemon("d-a") is None
+    # and deleting it again, or one that never was, says there was none
+    assert store.delete_daemon("d-a") is False
+    assert store.delete_daemon("d-none") is False
+
+
 def test_insert_of_a_new_id_returns_none_and_keeps_every_field(store: Store) -> None:
     # Given a record with every optional field set
     rec = record(

@@ -7,11 +7,13 @@ at once — new queues, another concurrency, or a drain (finish in-flight work, 
 
 ``lakeshore worker start`` is a daemon with a fresh identity each start
 (``persist=False``): it advertises its Python and pickle protocols to the plane
-(``GET /v1/hello`` → ``workers``), shows in ``daemon ls`` and takes updates too.
+(``GET /v1/hello`` → ``workers``), shows in ``daemon ls`` and takes updates too, and
+its record is removed as it exits (one killed outright stays, shown as silent).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -19,11 +21,15 @@ from pathlib import Path
 
 from .. import config
 from ..dispatch import Dispatch
+from ..errors import LakeshoreError
 from ..plane.model import DaemonRecord
 from ..wire import PICKLE_PROTOCOL, PY_VERSION
 from .pool import ProcessWorker, on_stop_signals
 
 __all__ = ["Daemon"]
+
+#: seconds an exiting ``worker start`` waits for the plane to forget its record
+FORGET_WAIT = 3.0
 
 
 class Daemon:
@@ -109,8 +115,22 @@ class Daemon:
         finally:
             self._stop.set()
             beat.join(timeout=10)
+            if not self.persist:  # (a fresh identity each start: gone with this process)
+                self._forget(rec.id)
             restore_worker()
             restore_early()
+
+    def _forget(self, daemon_id: str) -> None:
+        """Remove this daemon's record, waiting at most FORGET_WAIT seconds (a plane that
+        is away does not hold up the exit; its record then stays, shown as silent)."""
+
+        def forget() -> None:
+            with contextlib.suppress(LakeshoreError):
+                self.dispatch.transport.remove_daemon(daemon_id)
+
+        t = threading.Thread(target=forget, name="lakeshore-daemon-forget", daemon=True)
+        t.start()
+        t.join(FORGET_WAIT)
 
     def request_stop(self) -> None:
         if self.worker is not None:

@@ -660,6 +660,11 @@ class Service(WorkerRoutes):
         rec = self.plane.update_daemon(daemon_id, **body)
         return {"daemon": asdict(rec)}
 
+    def remove_daemon(self, ident: Identity, daemon_id: str) -> dict[str, Any]:
+        ident.require("worker")
+        self.plane.remove_daemon(daemon_id)
+        return {"removed": True}
+
     def drain_daemon(self, ident: Identity, daemon_id: str) -> dict[str, Any]:
         ident.require()
         return {"daemon": asdict(self.plane.drain_daemon(daemon_id))}

@@ -563,6 +563,9 @@ class HttpTransport(Session):
     def drain_daemon(self, daemon_id: str) -> DaemonRecord:
         return daemon_of(self._call("POST", f"/v1/daemons/{_seg(daemon_id)}/drain")["daemon"])
 
+    def remove_daemon(self, daemon_id: str) -> None:
+        self._call("DELETE", f"/v1/daemons/{_seg(daemon_id)}")
+
     # ------------------------------------------------------------------ tokens (admin)
     def create_token(
         self, role: str, queues: Sequence[str] = ("*",), name: str = ""

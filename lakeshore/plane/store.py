@@ -176,6 +176,10 @@ class Store(Protocol):
 
     def list_daemons(self) -> list[DaemonRecord]: ...
 
+    def delete_daemon(self, daemon_id: str) -> bool:
+        """Remove a daemon record; whether there was one."""
+        ...
+
     # --- data keys (named blobs for data UDFs) ----------------------------------------
     def put_data_key(self, key: str, digest: str, now: float) -> None:
         """Point ``key`` at a blob (replacing what it pointed at)."""

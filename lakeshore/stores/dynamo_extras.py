@@ -112,6 +112,14 @@ class DynamoExtras:
     def list_daemons(self) -> list[DaemonRecord]:
         return [DaemonRecord(**d) for d in self._list_records(K.REC_DAEMON)]
 
+    def delete_daemon(self, daemon_id: str) -> bool:
+        out = self._ddb.delete_item(
+            TableName=self._records,
+            Key={K.REC_KIND: {"S": K.REC_DAEMON}, K.REC_ID: {"S": daemon_id}},
+            ReturnValues="ALL_OLD",
+        )
+        return "Attributes" in out
+
     def put_data_key(self, key: str, digest: str, now: float) -> None:
         self._ddb.put_item(
             TableName=self._records,

@@ -892,6 +892,10 @@ class SqliteStore:
     def list_daemons(self) -> list[DaemonRecord]:
         return [DaemonRecord(**d) for d in self._all_docs("daemons")]
 
+    def delete_daemon(self, daemon_id: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM daemons WHERE id = ?", (daemon_id,)).rowcount == 1
+
     # --- data keys ------------------------------------------------------------------------
     def put_data_key(self, key: str, digest: str, now: float) -> None:
         with self._tx() as db:
