@@ -459,7 +459,7 @@ ROUTE_TABLE: list[Route] = [
         "DELETE",
         "/v1/daemons/{id}",
         WORKER,
-        False,
+        True,  # (the daemon's queues: d-1 serves QUEUE)
         lambda w: Request("DELETE", f"/v1/daemons/{w.daemon}"),
     ),
     Route(

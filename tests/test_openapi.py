@@ -283,7 +283,7 @@ def test_real_answers_match_the_document(
     assert call("PATCH", f"/v1/daemons/{d}", {"concurrency": 4}, token=admin).status == 200
     assert call("POST", f"/v1/daemons/{d}/drain", token=admin).body["daemon"]["draining"]
     assert call("DELETE", f"/v1/daemons/{d}", token=w).body == {"removed": True}
-    assert call("DELETE", f"/v1/daemons/{d}", token=w).status == 404
+    assert call("DELETE", f"/v1/daemons/{d}", token=w).body == {"removed": False}
 
     # The dashboard: its files, what it reads, what it changes
     assert call("GET", "/", token=None).headers["location"] == "/ui/"

@@ -448,6 +448,35 @@ def test_a_second_signal_while_a_stop_is_being_set_is_taken_not_waited_on(
     assert daemon.worker is not None and daemon.worker._cold.is_set()
 
 
+def test_a_named_daemon_whose_record_is_removed_registers_again(
+    dp: dls.Dispatch, tmp_path: Path
+) -> None:
+    from dreamlake.lakeshore.worker.daemon import Daemon
+
+    # Given a named daemon serving (in a thread: no signal handlers) with an update applied
+    daemon = Daemon(dp, "box", queues=["a"], heartbeat_every=0.05, state_dir=tmp_path)
+    rec = daemon.register()
+    dp.transport.update_daemon(rec.id, add_queues=["b"], concurrency=2)
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: daemon.worker is not None and daemon.worker.queues == ["a", "b"])
+        # When its record is removed from the plane
+        assert dp.transport.remove_daemon(rec.id) is True
+        # Then it registers again under its id, as it runs now (so it can be reached)
+        wait_for(lambda: [d.id for d in dp.transport.list_daemons()] == [rec.id], timeout=10)
+        (again,) = dp.transport.list_daemons()
+        assert (again.queues, again.concurrency) == (["a", "b"], 2)
+        # and a drain through the plane still stops it
+        dp.transport.drain_daemon(rec.id)
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    finally:
+        daemon.request_stop()
+        daemon.request_stop()
+        thread.join(timeout=30)
+
+
 def test_a_sigterm_as_a_daemons_worker_begins_its_run_stops_it(
     dp: dls.Dispatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .. import config
 from ..dispatch import Dispatch
-from ..errors import LakeshoreError
+from ..errors import NotFound
 from ..plane.model import DaemonRecord
 from ..wire import PICKLE_PROTOCOL, PY_VERSION
 from .pool import ProcessWorker, on_stop_signals
@@ -125,7 +125,7 @@ class Daemon:
         is away does not hold up the exit; its record then stays, shown as silent)."""
 
         def forget() -> None:
-            with contextlib.suppress(LakeshoreError):
+            with contextlib.suppress(Exception):  # (best effort: the process is leaving)
                 self.dispatch.transport.remove_daemon(daemon_id)
 
         t = threading.Thread(target=forget, name="lakeshore-daemon-forget", daemon=True)
@@ -143,6 +143,19 @@ class Daemon:
                 continue
             try:
                 rec = self.dispatch.transport.daemon_heartbeat(rec.id, worker.running)
+            except NotFound:
+                # the plane forgot it (removed): it registers again as it runs now
+                with contextlib.suppress(Exception):
+                    self.record = self.dispatch.transport.register_daemon(
+                        rec.name,
+                        daemon_id=rec.id,
+                        queues=rec.queues,
+                        concurrency=rec.concurrency,
+                        python=rec.python,
+                        pickle_protocols=rec.pickle_protocols,
+                        host=rec.host,
+                    )
+                continue
             except Exception:
                 continue  # the plane is away; keep serving what we have
             self.record = rec

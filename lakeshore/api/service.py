@@ -662,8 +662,12 @@ class Service(WorkerRoutes):
 
     def remove_daemon(self, ident: Identity, daemon_id: str) -> dict[str, Any]:
         ident.require("worker")
-        self.plane.remove_daemon(daemon_id)
-        return {"removed": True}
+        rec = self.plane.store.get_daemon(daemon_id)
+        if rec is None:
+            return {"removed": False}
+        for queue in rec.queues:  # (a worker removes only a daemon of its own queues)
+            ident.check_queue(queue)
+        return {"removed": self.plane.remove_daemon(daemon_id)}
 
     def drain_daemon(self, ident: Identity, daemon_id: str) -> dict[str, Any]:
         ident.require()

@@ -563,8 +563,8 @@ class HttpTransport(Session):
     def drain_daemon(self, daemon_id: str) -> DaemonRecord:
         return daemon_of(self._call("POST", f"/v1/daemons/{_seg(daemon_id)}/drain")["daemon"])
 
-    def remove_daemon(self, daemon_id: str) -> None:
-        self._call("DELETE", f"/v1/daemons/{_seg(daemon_id)}")
+    def remove_daemon(self, daemon_id: str) -> bool:
+        return bool(self._call("DELETE", f"/v1/daemons/{_seg(daemon_id)}")["removed"])
 
     # ------------------------------------------------------------------ tokens (admin)
     def create_token(

@@ -89,10 +89,10 @@ class DaemonOps(PlaneBase):
         self.store.put_daemon(rec)
         return rec
 
-    def remove_daemon(self, daemon_id: str) -> None:
-        """Forget a daemon (one that stopped for good: a ``worker start`` that exits)."""
-        if not self.store.delete_daemon(daemon_id):
-            raise NotFound(f"no daemon {daemon_id!r}")
+    def remove_daemon(self, daemon_id: str) -> bool:
+        """Forget a daemon (one that stopped for good: a ``worker start`` that exits);
+        whether there was one (a repeat, after a lost answer, finds none)."""
+        return self.store.delete_daemon(daemon_id)
 
     def drain_daemon(self, daemon_id: str) -> DaemonRecord:
         """Ask a daemon to finish what it runs, claim nothing more, and exit."""
