@@ -246,6 +246,26 @@ def submit_exec(dp: dls.Dispatch, queue: str, cmd: str) -> str:
     return dp.transport.submit([sub])[0]
 
 
+@contextmanager
+def daemon_thread(daemon: Any) -> Iterator[threading.Thread]:
+    """``daemon.run()`` in a thread (no signal handlers there), stopped cold after."""
+    thread = threading.Thread(target=daemon.run, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        daemon.request_stop()
+        daemon.request_stop()
+        thread.join(timeout=30)
+
+
+def drain_ends(dp: dls.Dispatch, daemon_id: str, thread: threading.Thread) -> None:
+    """A drain through the plane ends the daemon running in ``thread``."""
+    dp.transport.drain_daemon(daemon_id)
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
 def test_a_daemon_follows_queue_and_concurrency_updates_without_restart(
     dp: dls.Dispatch, tmp_path: Path
 ) -> None:
@@ -253,9 +273,7 @@ def test_a_daemon_follows_queue_and_concurrency_updates_without_restart(
 
     # Given a daemon started on no queue
     daemon = Daemon(dp, "gpu-1", concurrency=1, heartbeat_every=0.2, state_dir=tmp_path)
-    thread = threading.Thread(target=daemon.run, daemon=True)
-    thread.start()
-    try:
+    with daemon_thread(daemon) as thread:
         wait_for(lambda: daemon.record is not None)
         assert daemon.record is not None
         daemon_id = daemon.record.id
@@ -267,13 +285,7 @@ def test_a_daemon_follows_queue_and_concurrency_updates_without_restart(
         assert q.result(inv, timeout=20) == 36
         wait_for(lambda: daemon.worker is not None and len(daemon.worker._slots) == 2)
         # And a drain ends it
-        dp.transport.drain_daemon(daemon_id)
-        thread.join(timeout=20)
-        assert not thread.is_alive()
-    finally:
-        daemon.request_stop()
-        daemon.request_stop()
-        thread.join(timeout=20)
+        drain_ends(dp, daemon_id, thread)
     # And a restart under the same name keeps the identity and the plane's settings
     again = Daemon(dp, "gpu-1", state_dir=tmp_path).register()
     assert (again.id, again.queues, again.concurrency) == (daemon_id, ["late"], 2)
@@ -457,9 +469,7 @@ def test_a_named_daemon_whose_record_is_removed_registers_again(
     daemon = Daemon(dp, "box", queues=["a"], heartbeat_every=0.05, state_dir=tmp_path)
     rec = daemon.register()
     dp.transport.update_daemon(rec.id, add_queues=["b"], concurrency=2)
-    thread = threading.Thread(target=daemon.run, daemon=True)
-    thread.start()
-    try:
+    with daemon_thread(daemon) as thread:
         wait_for(lambda: daemon.worker is not None and daemon.worker.queues == ["a", "b"])
         # When its record is removed from the plane
         assert dp.transport.remove_daemon(rec.id) is True
@@ -468,13 +478,7 @@ def test_a_named_daemon_whose_record_is_removed_registers_again(
         (again,) = dp.transport.list_daemons()
         assert (again.queues, again.concurrency) == (["a", "b"], 2)
         # and a drain through the plane still stops it
-        dp.transport.drain_daemon(rec.id)
-        thread.join(timeout=30)
-        assert not thread.is_alive()
-    finally:
-        daemon.request_stop()
-        daemon.request_stop()
-        thread.join(timeout=30)
+        drain_ends(dp, rec.id, thread)
 
 
 def test_a_sigterm_as_a_daemons_worker_begins_its_run_stops_it(
