@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.plane.ids import GROUP_SIZE, group_ids, group_of
 from dreamlake.lakeshore.submit import IdGroups, key_id
@@ -78,3 +80,19 @@ def test_ids_given_or_keyed_stay_as_they_are_in_a_batch(lakeshore_plane: dls.Dis
 def test_outside_a_batch_ids_are_not_grouped(lakeshore_plane: dls.Dispatch) -> None:
     inv_id = double.submit(1, _dispatch=lakeshore_plane)
     assert group_of(inv_id) == inv_id and len(inv_id) == 26
+
+
+@pytest.mark.parametrize("plane", ["lakeshore_plane", "lakeshore_server"])
+def test_a_given_id_is_one_every_route_can_name(plane: str, request: pytest.FixtureRequest) -> None:
+    fixture = request.getfixturevalue(plane)
+    dp = fixture if plane == "lakeshore_plane" else fixture.dispatch(role="producer")
+    q = dls.SyncQueue("ids", dispatch=dp)
+    # Given ids of letters, digits, spaces and the URI's other safe characters
+    for fine in ["job 1", "run:7@host", "x%2Fy", "ÿ-ascii-not"]:
+        # Then each is taken, and read back by its name
+        assert q.status(q.submit("builtins:abs", -1, _id=fine)) == "pending"
+    # And ids no route could name are refused at the submit, saying why, not taken and
+    # then unreadable
+    for bad in ["a/b", "../../etc", "a?b", "a#b", 'a"b', "tab\there", "x" * 129]:
+        with pytest.raises(dls.InvalidRequest, match="invocation id must be"):
+            q.submit("builtins:abs", -1, _id=bad)

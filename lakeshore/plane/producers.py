@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -306,9 +307,18 @@ class ProducerOps(PlaneBase):
                 return updated
 
 
+#: an invocation id: 1-128 characters that every plane's routes can name as one path
+#: segment (``GET /v1/invocations/{id}`` takes word characters and these), so no
+#: ``/``, ``?``, ``#``, quote, backslash or control character
+_ID = re.compile(r"[\w\-._~()'!*:@,;=+&$%<> \[\]{}|^]{1,128}")
+
+
 def _validate_submission(sub: Submission) -> None:
-    if not sub.id or len(sub.id) > 128:
-        raise InvalidRequest("invocation id must be 1-128 characters")
+    if not _ID.fullmatch(sub.id):
+        raise InvalidRequest(
+            "invocation id must be 1-128 letters, digits or -._~()'!*:@,;=+&$%<> []{}|^"
+            f" (no / ? # quotes or control characters): {sub.id[:40]!r}"
+        )
     if sub.timeout is not None and not sub.timeout > 0:
         raise InvalidRequest("timeout must be > 0 seconds")
     if sub.max_attempts is not None and sub.max_attempts < 1:
