@@ -84,6 +84,7 @@ def test_queue_verbs(plane: str) -> None:
     )
     code, out = run("queues", "add", "urgent", "--kind", "fifo", "--plane", plane)
     assert code == 1 and "queue_mismatch" in out
+    assert "kind='priority' (asked: 'fifo')" in out  # (words for any caller, not a handle's)
     code, out = run("queues", "ls", "--plane", plane, "--json")
     assert code == 0
     (row,) = json.loads(out)

@@ -102,7 +102,7 @@ def check_settings(wanted: QueueSpec, stored: QueueSpec, check: Iterable[str]) -
     want, have = comparable(wanted), comparable(stored)
     diff = [k for k in check if want[k] != have[k]]
     if diff:
-        detail = ", ".join(f"{k}={have[k]!r} (handle asks {want[k]!r})" for k in diff)
+        detail = ", ".join(f"{k}={have[k]!r} (asked: {want[k]!r})" for k in diff)
         raise QueueMismatch(f"queue {stored.name!r} exists with {detail}")
 
 
