@@ -96,3 +96,8 @@ def test_a_given_id_is_one_every_route_can_name(plane: str, request: pytest.Fixt
     for bad in ["a/b", "../../etc", "a?b", "a#b", 'a"b', "tab\there", "x" * 129]:
         with pytest.raises(dls.InvalidRequest, match="invocation id must be"):
             q.submit("builtins:abs", -1, _id=bad)
+        # and asked about, such an id is no invocation on either plane (not "no route")
+        with pytest.raises(dls.UnknownInvocation):
+            q.status(bad)
+        with pytest.raises(dls.UnknownInvocation):
+            q.cancel(bad)

@@ -30,6 +30,7 @@ from ..errors import (
     Unauthorized,
     UnknownInvocation,
 )
+from ..plane.ids import nameable
 from ..plane.model import (
     Claim,
     DaemonRecord,
@@ -71,6 +72,14 @@ _KNOWN_IDS = 100_000
 def _seg(value: str) -> str:
     """One path segment (a queue name or an id) with everything else escaped."""
     return quote(value, safe="")
+
+
+def _inv(inv_id: str) -> str:
+    """An invocation id as a path segment; one no route can name is no invocation (no
+    such id can be submitted), as on the embedded plane, not a request for no route."""
+    if not nameable(inv_id):
+        raise UnknownInvocation(f"no invocation {inv_id[:40]!r}")
+    return _seg(inv_id)
 
 
 class HttpTransport(Session):
@@ -252,7 +261,7 @@ class HttpTransport(Session):
         return ids
 
     def get(self, inv_id: str) -> Invocation:
-        view = self._call("GET", f"/v1/invocations/{_seg(inv_id)}")["invocation"]
+        view = self._call("GET", f"/v1/invocations/{_inv(inv_id)}")["invocation"]
         self._remember([inv_id])
         return invocation_of(view, self.now())
 
@@ -279,14 +288,14 @@ class HttpTransport(Session):
         return self._watches.add(ids, callback, finished)
 
     def cancel(self, inv_id: str) -> State:
-        return State(self._call("POST", f"/v1/invocations/{_seg(inv_id)}/cancel")["state"])
+        return State(self._call("POST", f"/v1/invocations/{_inv(inv_id)}/cancel")["state"])
 
     def set_priority(self, inv_id: str, priority: float) -> Invocation:
-        answer = self._call("PATCH", f"/v1/invocations/{_seg(inv_id)}", {"priority": priority})
+        answer = self._call("PATCH", f"/v1/invocations/{_inv(inv_id)}", {"priority": priority})
         return invocation_of(answer["invocation"], self.now())
 
     def retry(self, inv_id: str) -> Invocation:
-        answer = self._call("POST", f"/v1/invocations/{_seg(inv_id)}/retry")
+        answer = self._call("POST", f"/v1/invocations/{_inv(inv_id)}/retry")
         return invocation_of(answer["invocation"], self.now())
 
     def list_invocations(
@@ -509,7 +518,7 @@ class HttpTransport(Session):
 
     def read_logs(self, inv_id: str, after: int = 0, limit: int = 1000) -> list[LogEntry]:
         query = {"after": str(after), "limit": str(limit)}
-        answer = self._call("GET", f"/v1/invocations/{_seg(inv_id)}/logs", query=query)
+        answer = self._call("GET", f"/v1/invocations/{_inv(inv_id)}/logs", query=query)
         return [log_entry_of(e) for e in answer.get("entries") or ()]
 
     # ------------------------------------------------------------------ daemons

@@ -1,6 +1,8 @@
 """Invocation ids that share a group: how a batch of submits is told apart.
 
-Any string of 1 to 128 characters is a valid invocation id. Ids a client makes for a
+An invocation id is 1 to 128 characters that one path segment of the API's routes can
+name (:func:`nameable`: letters, digits, spaces and the URI's other safe characters; no
+``/``, ``?``, ``#``, quotes or control characters). Ids a client makes for a
 batch of submits share a *group*: a 26-character base (:func:`dreamlake.lakeshore.submit.new_id`)
 and one more character after a dot, ``<base>.<c>``, for up to :data:`GROUP_SIZE` ids.
 A store may keep a group's records together (the DynamoDB store keeps them in one item:
@@ -13,7 +15,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["GROUP_ALPHABET", "GROUP_SIZE", "group_of", "group_ids"]
+__all__ = ["GROUP_ALPHABET", "GROUP_SIZE", "group_ids", "group_of", "nameable"]
+
+#: what an id may hold (``GET /v1/invocations/{id}`` takes word characters and these)
+_NAMEABLE = re.compile(r"[\w\-._~()'!*:@,;=+&$%<> \[\]{}|^]{1,128}")
+
+
+def nameable(inv_id: str) -> bool:
+    """Whether ``inv_id`` is a valid invocation id: one every route can name."""
+    return _NAMEABLE.fullmatch(inv_id) is not None
+
 
 #: the digits of an id's base and of the character after the dot, in order (Crockford's
 #: base32, lower case)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import IdempotencyConflict, InvalidRequest, UnknownInvocation
 from .base import PlaneBase
 from .changes import LOOK_AGAIN
+from .ids import nameable
 from .model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
 from .ordering import order_key
 
@@ -307,14 +307,8 @@ class ProducerOps(PlaneBase):
                 return updated
 
 
-#: an invocation id: 1-128 characters that every plane's routes can name as one path
-#: segment (``GET /v1/invocations/{id}`` takes word characters and these), so no
-#: ``/``, ``?``, ``#``, quote, backslash or control character
-_ID = re.compile(r"[\w\-._~()'!*:@,;=+&$%<> \[\]{}|^]{1,128}")
-
-
 def _validate_submission(sub: Submission) -> None:
-    if not _ID.fullmatch(sub.id):
+    if not nameable(sub.id):
         raise InvalidRequest(
             "invocation id must be 1-128 letters, digits or -._~()'!*:@,;=+&$%<> []{}|^"
             f" (no / ? # quotes or control characters): {sub.id[:40]!r}"
