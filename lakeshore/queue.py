@@ -35,7 +35,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, TypeVar, cast
 
 from . import batching as _batch
 from . import config, context, logs
@@ -59,6 +59,8 @@ __all__ = [
     "SyncPriorityQueue",
     "SyncQueue",
 ]
+
+_T = TypeVar("_T")
 
 #: kind → the keyword arguments that only it takes
 KIND_OPTIONS: dict[str, frozenset[str]] = {
@@ -481,18 +483,7 @@ class _Watching:
             self._unwatch()
 
     def _watch(self, ids: list[str]) -> None:
-        try:
-            self.whole = self.transport.watch(ids, self._fire)
-        except (UnknownInvocation, ExpiredInvocation):
-            # One id the plane does not have fails the whole watch: each wait then
-            # gets what a watch of its id alone says.
-            for inv_id in ids:
-                try:
-                    self.alone[inv_id] = self.transport.watch([inv_id], self._fire)
-                except Exception as exc:
-                    self._fail(self._waits_on([inv_id]), exc)
-        except Exception as exc:  # (the plane unreachable, the transport closed)
-            self._fail(self._waits_on(ids), exc)
+        self.whole, self.alone = self._ask(ids, lambda some: self.transport.watch(some, self._fire))
 
     def _finished_now(self, ids: list[str]) -> list[str]:
         """With waits with no time to wait among the group's, on a transport whose watch
@@ -504,28 +495,36 @@ class _Watching:
         read = getattr(self.transport, "finished_now", None)
         if read is None or not self.zero:
             return ids
-        records: list[Invocation] = []
-        try:
-            records = read(ids)
-        except (UnknownInvocation, ExpiredInvocation):
-            # (one id the plane does not have fails the read: each id is read alone,
-            # and every wait on one it does not have gets that error)
-            for inv_id in ids:
-                try:
-                    records.extend(read([inv_id]))
-                except Exception as exc:
-                    self._fail(self._waits_on([inv_id]), exc)
-        except Exception as exc:  # (the plane unreachable: every wait has its answer)
-            self._fail(self._waits_on(ids), exc)
-            return []
-        for rec in records:
+        whole, each = self._ask(ids, read)
+        for rec in whole if whole is not None else [r for recs in each.values() for r in recs]:
             self._fire(rec)
-        with self.lock:
+        with self.lock:  # (a failed wait is done: its id is not watched for it)
             return [
                 i
                 for i, futs in self.waits.items()
                 if any(not f.done() and f not in self.zero for f in futs)
             ]
+
+    def _ask(
+        self, ids: list[str], call: Callable[[list[str]], _T]
+    ) -> tuple[_T | None, dict[str, _T]]:
+        """``call(ids)``: its answer for them all. One id the plane does not have fails
+        the whole call, so ``call([id])`` is then made for each id alone (the answers by
+        id; the waits on an id whose call fails get its error); any other error (the
+        plane unreachable, the transport closed) is every wait's."""
+        try:
+            return call(ids), {}
+        except (UnknownInvocation, ExpiredInvocation):
+            each: dict[str, _T] = {}
+            for inv_id in ids:
+                try:
+                    each[inv_id] = call([inv_id])
+                except Exception as exc:
+                    self._fail(self._waits_on([inv_id]), exc)
+            return None, each
+        except Exception as exc:
+            self._fail(self._waits_on(ids), exc)
+            return None, {}
 
     def _waits_on(self, ids: list[str]) -> list[asyncio.Future[Invocation]]:
         with self.lock:
@@ -568,8 +567,6 @@ class _Watching:
             self._unwatch_ids([inv_id])
 
     def _unwatch_ids(self, ids: list[str]) -> None:
-        if not ids:
-            return
         if self.whole is not None:
             self.whole(ids)
         for inv_id in ids:
