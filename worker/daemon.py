@@ -65,20 +65,28 @@ class Daemon:
         known = None
         if self.persist and self._id_file.exists():
             known = self._id_file.read_text().strip()
-        rec = self.dispatch.transport.register_daemon(
-            self.name,
-            daemon_id=known or None,
-            queues=self._start_queues,
-            concurrency=self._start_concurrency,
-            python=PY_VERSION,
-            pickle_protocols=list(range(2, PICKLE_PROTOCOL + 1)),
-            host=socket.gethostname(),
-        )
+        rec = self._register(known or None, self._start_queues, self._start_concurrency)
         if self.persist:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self._id_file.write_text(rec.id + "\n")
         self.record = rec
         return rec
+
+    def _register(
+        self, daemon_id: str | None, queues: Sequence[str], concurrency: int
+    ) -> DaemonRecord:
+        """Register with the plane (under ``daemon_id``; None: a new id), advertising
+        this process's Python and pickle protocols; the queues and concurrency count
+        only where the plane has no record of that id."""
+        return self.dispatch.transport.register_daemon(
+            self.name,
+            daemon_id=daemon_id,
+            queues=queues,
+            concurrency=concurrency,
+            python=PY_VERSION,
+            pickle_protocols=list(range(2, PICKLE_PROTOCOL + 1)),
+            host=socket.gethostname(),
+        )
 
     def run(self, announce: Callable[[DaemonRecord], None] | None = None) -> int:
         """Register (unless done already), serve until drained or signalled; return
@@ -146,15 +154,7 @@ class Daemon:
             except NotFound:
                 # the plane forgot it (removed): it registers again as it runs now
                 with contextlib.suppress(Exception):
-                    self.record = self.dispatch.transport.register_daemon(
-                        rec.name,
-                        daemon_id=rec.id,
-                        queues=rec.queues,
-                        concurrency=rec.concurrency,
-                        python=rec.python,
-                        pickle_protocols=rec.pickle_protocols,
-                        host=rec.host,
-                    )
+                    self.record = self._register(rec.id, rec.queues, rec.concurrency)
                 continue
             except Exception:
                 continue  # the plane is away; keep serving what we have
