@@ -118,12 +118,14 @@ def emit(
         table.add_column(name, overflow="fold" if k == 0 else "ellipsis")
     for r in cells:
         table.add_row(*(Text(c) for c in r))
-    widest = [
-        max([cell_len(name), *(cell_len(line) for r in cells for line in r[k].splitlines())])
-        for k, (name, _) in enumerate(columns)
-    ]
-    whole = sum(widest) + 3 * len(widest) + 1  # (the borders and padding)
-    Console(width=None if sys.stdout.isatty() else max(80, whole)).print(table)
+    width = None  # (a terminal's own)
+    if not sys.stdout.isatty():
+        widest = [
+            max([cell_len(name), *(cell_len(line) for r in cells for line in r[k].splitlines())])
+            for k, (name, _) in enumerate(columns)
+        ]
+        width = max(80, sum(widest) + 3 * len(widest) + 1)  # (with borders and padding)
+    Console(width=width).print(table)
 
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -115,7 +115,7 @@ def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[st
             )
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         why = str(exc)
-        if media != JSON and media and (not why or "exceeds max_" in why):
+        if media not in (JSON, "") and (not why or "exceeds max_" in why):
             # (msgpack says nothing of a bad first byte, and a cut-off array or map
             # reads as one longer than the body)
             why = "not valid msgpack, or cut short" + (f" ({why})" if why else "")
