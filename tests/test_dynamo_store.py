@@ -28,7 +28,7 @@ from dreamlake.lakeshore.submit import new_id
 
 pytest.importorskip("moto")
 
-from dreamlake.lakeshore.stores import dynamo
+from dreamlake.lakeshore.stores import dynamo, dynamo_extras
 from dreamlake.lakeshore.stores.dynamo import DynamoStore
 from infra.tables import moto_stack
 
@@ -1067,3 +1067,30 @@ def test_a_plane_that_does_not_keep_payloads_deletes_an_offloaded_one_on_success
     assert objects(aws, "inv/") == []
     assert K.PURGE_PK not in raw(aws, "g#big")
     assert plane.get("big").result == b"r" and plane.get("big").payload is None
+
+
+def test_a_daemon_record_changed_by_others_at_every_try_gives_up_as_unavailable(
+    open_store: Callable[[], DynamoStore],
+) -> None:
+    from dreamlake.lakeshore.errors import Unavailable
+    from dreamlake.lakeshore.plane.model import DaemonRecord
+
+    # Given a daemon record that another process writes between each read and write
+    store, other = open_store(), open_store()
+    store.put_daemon(DaemonRecord("d-a", "a", "host", ["q"], 1, "3.11", [5], 1.0, 1.0))
+    tries = 0
+
+    def beat(rec: DaemonRecord) -> None:
+        nonlocal tries
+        tries += 1
+        rec.last_heartbeat = 100.0
+        changed = DaemonRecord("d-a", "a", "host", ["q"], 1 + tries, "3.11", [5], 1.0, 1.0)
+        other.put_daemon(changed)
+
+    # When a change is made, then it gives up after a bounded number of tries, with a
+    # reason to retry, and none of its writes landed over the other's
+    with pytest.raises(Unavailable, match="kept changing"):
+        store.change_daemon("d-a", beat)
+    assert tries == dynamo_extras._CHANGE_TRIES
+    final = store.get_daemon("d-a")
+    assert final is not None and (final.concurrency, final.last_heartbeat) == (1 + tries, 1.0)

@@ -344,6 +344,54 @@ def test_delete_daemon_removes_only_that_daemon(store: Store) -> None:
     assert store.delete_daemon("d-none") is False
 
 
+def test_change_daemon_writes_the_change_and_creates_nothing(store: Store) -> None:
+    from dreamlake.lakeshore.plane.model import DaemonRecord
+
+    # Given a daemon record
+    store.put_daemon(DaemonRecord("d-a", "a", "host", ["q"], 1, "3.11", [5], 1.0, 1.0))
+
+    def drain(rec: DaemonRecord) -> None:
+        rec.draining, rec.running = True, 3
+
+    # When it is changed, then the record written comes back and is what is stored
+    got = store.change_daemon("d-a", drain)
+    assert got is not None and (got.draining, got.running) == (True, 3)
+    assert store.get_daemon("d-a") == got
+    # and a change of a daemon that is not there writes nothing
+    assert store.change_daemon("d-none", drain) is None
+    assert [d.id for d in store.list_daemons()] == ["d-a"]
+
+
+def test_change_daemon_keeps_a_write_made_while_it_changes(
+    store: Store, open_another: Opener
+) -> None:
+    from dreamlake.lakeshore.plane.model import DaemonRecord
+
+    # Given a daemon record, and another handle (another process) that drains it while
+    # the first is in the middle of a heartbeat
+    store.put_daemon(DaemonRecord("d-a", "a", "host", ["q"], 1, "3.11", [5], 1.0, 1.0))
+    other = open_another()
+    draining = threading.Thread(target=lambda: other.change_daemon("d-a", drain), daemon=True)
+
+    def drain(rec: DaemonRecord) -> None:
+        rec.draining = True
+
+    def beat(rec: DaemonRecord) -> None:
+        rec.last_heartbeat += 1
+        if not draining.is_alive() and not draining.ident:
+            draining.start()
+            # (a store that holds others off until it writes keeps the drain waiting)
+            draining.join(0.5)
+
+    # When the heartbeat's change is written
+    store.change_daemon("d-a", beat)
+    draining.join(30)
+    # Then the record has both: the drain is not written over, nor the heartbeat lost
+    final = store.get_daemon("d-a")
+    assert final is not None and final.draining is True
+    assert final.last_heartbeat == 2.0
+
+
 def test_insert_of_a_new_id_returns_none_and_keeps_every_field(store: Store) -> None:
     # Given a record with every optional field set
     rec = record(

@@ -9,7 +9,7 @@ a running daemon learns of new queues, a new concurrency or a drain.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import InvalidRequest, NotFound
 from .base import PlaneBase
@@ -57,13 +57,23 @@ class DaemonOps(PlaneBase):
             raise NotFound(f"no daemon {daemon_id!r}")
         return rec
 
-    def daemon_heartbeat(self, daemon_id: str, running: int | None = None) -> DaemonRecord:
-        rec = self.get_daemon(daemon_id)
-        rec.last_heartbeat = self.clock.now()
-        if running is not None:
-            rec.running = running
-        self.store.put_daemon(rec)
+    def _change(self, daemon_id: str, change: Callable[[DaemonRecord], None]) -> DaemonRecord:
+        """Change a daemon's record in place (a drain, an update or a removal landing at
+        the same time is kept, not written over with what was read before it)."""
+        rec = self.store.change_daemon(daemon_id, change)
+        if rec is None:
+            raise NotFound(f"no daemon {daemon_id!r}")
         return rec
+
+    def daemon_heartbeat(self, daemon_id: str, running: int | None = None) -> DaemonRecord:
+        now = self.clock.now()
+
+        def beat(rec: DaemonRecord) -> None:
+            rec.last_heartbeat = now
+            if running is not None:
+                rec.running = running
+
+        return self._change(daemon_id, beat)
 
     def list_daemons(self) -> list[DaemonRecord]:
         return self.store.list_daemons()
@@ -77,17 +87,18 @@ class DaemonOps(PlaneBase):
         concurrency: int | None = None,
     ) -> DaemonRecord:
         """Change a daemon's queues or concurrency; it follows at its next heartbeat."""
-        rec = self.get_daemon(daemon_id)
         if not all(isinstance(q, str) and q for q in [*add_queues, *remove_queues]):
             raise InvalidRequest("queues must be names")
-        queues = [q for q in rec.queues if q not in remove_queues]
-        rec.queues = queues + [q for q in dict.fromkeys(add_queues) if q not in queues]
-        if concurrency is not None:
-            if concurrency < 1:
-                raise InvalidRequest("concurrency must be at least 1")
-            rec.concurrency = concurrency
-        self.store.put_daemon(rec)
-        return rec
+        if concurrency is not None and concurrency < 1:
+            raise InvalidRequest("concurrency must be at least 1")
+
+        def update(rec: DaemonRecord) -> None:
+            queues = [q for q in rec.queues if q not in remove_queues]
+            rec.queues = queues + [q for q in dict.fromkeys(add_queues) if q not in queues]
+            if concurrency is not None:
+                rec.concurrency = concurrency
+
+        return self._change(daemon_id, update)
 
     def remove_daemon(self, daemon_id: str) -> bool:
         """Forget a daemon (one that stopped for good: a ``worker start`` that exits);
@@ -96,7 +107,8 @@ class DaemonOps(PlaneBase):
 
     def drain_daemon(self, daemon_id: str) -> DaemonRecord:
         """Ask a daemon to finish what it runs, claim nothing more, and exit."""
-        rec = self.get_daemon(daemon_id)
-        rec.draining = True
-        self.store.put_daemon(rec)
-        return rec
+
+        def drain(rec: DaemonRecord) -> None:
+            rec.draining = True
+
+        return self._change(daemon_id, drain)

@@ -9,7 +9,7 @@ these primitives passes the conformance suite in ``tests/test_store_conformance.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from .model import DaemonRecord, Invocation, LogEntry, QueueSpec, TokenRecord
@@ -173,6 +173,15 @@ class Store(Protocol):
         ...
 
     def get_daemon(self, daemon_id: str) -> DaemonRecord | None: ...
+
+    def change_daemon(
+        self, daemon_id: str, change: Callable[[DaemonRecord], None]
+    ) -> DaemonRecord | None:
+        """Apply ``change`` to a daemon's record and write it back as one step: a write
+        by anyone else between the read and the write is never undone (``change`` may
+        be called again, on the record as it then is). The record written; None, and
+        nothing written, when there is no such record (one removed stays removed)."""
+        ...
 
     def list_daemons(self) -> list[DaemonRecord]: ...
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
@@ -31,6 +31,9 @@ _FAN_OUT = 16
 #: rounds of a batch request whose items the service keeps leaving unprocessed
 #: (throttling) before the store gives up (Unavailable): a few seconds at most
 _UNPROCESSED_ROUNDS = 12
+#: reads and conditional writes of a record changed in place, while others keep writing
+#: it between the two, before the store gives up (Unavailable)
+_CHANGE_TRIES = 8
 
 
 def error_code(exc: Exception) -> str:
@@ -108,6 +111,31 @@ class DynamoExtras:
     def get_daemon(self, daemon_id: str) -> DaemonRecord | None:
         doc = self._get_record(K.REC_DAEMON, daemon_id)
         return None if doc is None else DaemonRecord(**doc)
+
+    def change_daemon(
+        self, daemon_id: str, change: Callable[[DaemonRecord], None]
+    ) -> DaemonRecord | None:
+        key = {K.REC_KIND: {"S": K.REC_DAEMON}, K.REC_ID: {"S": daemon_id}}
+        for _ in range(_CHANGE_TRIES):
+            out = self._ddb.get_item(TableName=self._records, Key=key, ConsistentRead=True)
+            if "Item" not in out:
+                return None
+            old = out["Item"][K.REC_DOC]["B"]
+            rec = DaemonRecord(**unpack(old))
+            change(rec)
+            try:  # written only over the record as read: another write since, read again
+                self._ddb.put_item(
+                    TableName=self._records,
+                    Item={**key, K.REC_DOC: {"B": pack(asdict(rec))}},
+                    ConditionExpression="#d = :old",
+                    ExpressionAttributeNames={"#d": K.REC_DOC},
+                    ExpressionAttributeValues={":old": {"B": old}},
+                )
+                return rec
+            except ClientError as exc:
+                if error_code(exc) != "ConditionalCheckFailedException":
+                    raise
+        raise Unavailable(f"daemon {daemon_id!r} kept changing under this write; retry")
 
     def list_daemons(self) -> list[DaemonRecord]:
         return [DaemonRecord(**d) for d in self._list_records(K.REC_DAEMON)]

@@ -17,7 +17,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -888,6 +888,18 @@ class SqliteStore:
     def get_daemon(self, daemon_id: str) -> DaemonRecord | None:
         doc = self._get_doc("daemons", daemon_id)
         return None if doc is None else DaemonRecord(**doc)
+
+    def change_daemon(
+        self, daemon_id: str, change: Callable[[DaemonRecord], None]
+    ) -> DaemonRecord | None:
+        with self._tx() as db:  # (the write lock from the read on: nobody writes between)
+            row = db.execute("SELECT doc FROM daemons WHERE id = ?", (daemon_id,)).fetchone()
+            if row is None:
+                return None
+            rec = DaemonRecord(**_unpack(row[0]))
+            change(rec)
+            db.execute("UPDATE daemons SET doc = ? WHERE id = ?", (_pack(asdict(rec)), daemon_id))
+        return rec
 
     def list_daemons(self) -> list[DaemonRecord]:
         return [DaemonRecord(**d) for d in self._all_docs("daemons")]
