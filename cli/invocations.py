@@ -11,7 +11,7 @@ import typer
 
 from ..dispatch import Dispatch
 from ..errors import LakeshoreError
-from ..plane.model import FINISHED, Invocation
+from ..plane.model import FINISHED, Invocation, State
 from ..queue import SyncQueue
 from ..submit import outcome
 from .common import JsonOpt, PlaneOpt, TokenOpt, UrlOpt, emit, fail, open_plane, when
@@ -22,13 +22,47 @@ invocations_app = typer.Typer(help="Inspect and steer invocations.", no_args_is_
 
 #: seconds between polls while following output
 _FOLLOW = 0.25
+#: seconds a followed call waits for a worker before the command says what it waits for
+PENDING_HINT = 5.0
+#: a daemon heartbeating within this many seconds counts as running (as ``daemon ls``)
+_ALIVE = 60.0
+
+
+def _pending_hint(dp: Dispatch, rec: Invocation, waited: float) -> str:
+    """What a call no worker has taken yet waits for: a registered worker process on its
+    queue (``lakeshore worker|daemon start`` register; in-process workers do not)."""
+    head = f"lakeshore: {rec.id} still pending after {waited:.0f}s"
+    try:
+        now = dp.transport.now()
+        serving = [
+            d
+            for d in dp.transport.list_daemons()
+            if rec.queue in d.queues and not d.draining and now - d.last_heartbeat < _ALIVE
+        ]
+    except LakeshoreError:
+        return f"{head} (Ctrl-C to stop waiting)"
+    if not serving:
+        return (
+            f"{head}: no worker process is registered for queue {rec.queue!r}"
+            f" (start one: lakeshore worker start -q {rec.queue})"
+        )
+    slots = sum(d.concurrency for d in serving)
+    return (
+        f"{head}: {len(serving)} worker process(es) with {slots} slot(s) serve queue"
+        f" {rec.queue!r}; none has taken it yet (all busy, or the queue paused)"
+    )
 
 
 def _follow(dp: Dispatch, inv_id: str, *, follow: bool, after: int = 0) -> tuple[int, Invocation]:
     """Print output (stdout to stdout, stderr to stderr) until finished, if following."""
     transport = dp.transport
+    began, hinted = time.monotonic(), False
     while True:
         rec = transport.get(inv_id)
+        waited = time.monotonic() - began
+        if follow and not hinted and rec.state is State.PENDING and waited >= PENDING_HINT:
+            typer.echo(_pending_hint(dp, rec, waited), err=True)
+            hinted = True
         for entry in transport.read_logs(inv_id, after):
             (sys.stdout if entry.stream == "stdout" else sys.stderr).write(entry.text)
             after = entry.seq

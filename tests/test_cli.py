@@ -164,6 +164,47 @@ def test_exec_passes_env_and_cwd_and_detach_prints_the_id(plane: str, tmp_path: 
         assert run("invocations", "logs", inv, "--plane", plane) == (0, "later\n")
 
 
+def test_exec_with_no_worker_says_what_it_waits_for_and_ctrl_c_cancels(plane: str) -> None:
+    # Given no worker on queue "lonely", an exec of a command on it
+    proc = spawn(
+        "exec", "--plane", plane, "-q", "lonely", "echo never",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        # When it has waited a while, then it says why, and how to start a worker
+        line = proc.stderr.readline().decode()
+        assert "still pending after" in line
+        assert "no worker process is registered for queue 'lonely'" in line
+        assert "lakeshore worker start -q lonely" in line
+        # and Ctrl-C (no terminal to ask on) cancels the call
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130 and "cancelled" in err.decode()
+    finally:
+        proc.kill()
+        proc.communicate()
+    with dls.Dispatch(plane) as dp:
+        (rec,) = dp.transport.list_invocations("lonely")
+        assert rec.state == "cancelled"
+
+
+def test_the_pending_hint_counts_the_registered_workers_of_the_queue(plane: str) -> None:
+    from dreamlake.lakeshore.cli.invocations import _pending_hint
+
+    # Given a call on a queue two registered worker processes serve, one of them draining
+    with dls.Dispatch(plane) as dp:
+        q = dls.SyncQueue("busy", dispatch=dp)
+        rec = dp.transport.get(q.exec("echo hi"))
+        for name in ("a", "b"):
+            dp.transport.register_daemon(name, queues=["busy"], concurrency=3)
+        dp.transport.drain_daemon(dp.transport.list_daemons()[1].id)
+        # When the hint is made, then it counts the one serving, with its slots
+        hint = _pending_hint(dp, rec, 5.0)
+    assert "still pending after 5s: 1 worker process(es) with 3 slot(s)" in hint
+    assert "serve queue 'busy'; none has taken it yet" in hint
+
+
 def test_invocation_verbs(plane: str) -> None:
     with dls.Dispatch(plane) as dp:
         q = dls.SyncQueue("jobs", dispatch=dp)
