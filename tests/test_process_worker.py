@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import multiprocessing
 import os
 import signal
@@ -1028,3 +1029,52 @@ def test_a_job_whose_child_is_completing_it_is_not_killed(dp: dls.Dispatch, why:
     slot.cancel_requested = True
     w._enforce()
     assert killed == ["cancel"]
+
+
+def test_failing_claims_are_told_once_with_their_reason_and_again_when_they_go_through(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a plane whose first three claims fail as a plane that went away does
+    failures = 3
+    claim = dp.transport.claim
+
+    def away(*args: Any, **kwargs: Any) -> Any:
+        nonlocal failures
+        if failures:
+            failures -= 1
+            raise Unavailable("cannot reach the plane at http://plane.example: refused")
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(dp.transport, "claim", away)
+    q = dls.SyncQueue("flaky", dispatch=dp)
+    inv = q.submit(square, 4)
+    # When a worker serves the queue, then its job runs once claims go through
+    with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.worker"), worker(dp, "flaky"):
+        assert q.result(inv, timeout=60) == 16
+    # and it said why claims failed once (not once a try), and that they go through again
+    said = [r.getMessage() for r in caplog.records if "claim" in r.getMessage()]
+    assert len(said) == 2
+    assert said[0] == (
+        "lakeshore worker: a claim failed: Unavailable: cannot reach the plane at"
+        " http://plane.example: refused; retrying"
+    )
+    assert said[1].startswith("lakeshore worker: claims go through again, after ")
+
+
+def test_claims_failing_for_long_are_told_again_at_the_reminder(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given claims failing past the reminder's interval
+    monkeypatch.setattr(pool, "_FAILING_REMINDER", 0.0)
+    failing = pool._Failing()
+    with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.worker"):
+        failing.failed("Forbidden: token revoked")
+        failing.failed("Forbidden: token revoked")
+        failing.answered()
+        failing.answered()  # (said once)
+    # Then each failure past the interval is told, saying for how long
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0] == "lakeshore worker: a claim failed: Forbidden: token revoked; retrying"
+    assert said[1].startswith("lakeshore worker: claims still failing after 0s: Forbidden")
+    assert said[2].startswith("lakeshore worker: claims go through again")
+    assert len(said) == 3

@@ -54,7 +54,7 @@ from typing import Any
 
 from .. import logs
 from ..dispatch import Dispatch
-from ..errors import LakeshoreError, Throttled, Unavailable
+from ..errors import LakeshoreError
 from ..plane.model import Claim
 from ..wire import PICKLE_PROTOCOL, PY_VERSION, decode_payload
 from .child import CHUNK, child_main
@@ -95,6 +95,41 @@ _BUFFER_MAX_WAIT = 1.0
 _CLAIM_WAIT_CAP = 2.0
 #: seconds past that it gets to answer a stop before it is killed
 _CLAIM_GRACE = 5.0
+
+
+#: while claims keep failing, the fetcher says so again this often (seconds)
+_FAILING_REMINDER = 60.0
+
+
+class _Failing:
+    """What the fetcher says while its claims fail (the plane away, or refusing): the
+    reason at the first failure, a reminder every :data:`_FAILING_REMINDER` seconds
+    rather than a line a second, and when a claim goes through again."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self._told = 0.0
+
+    def failed(self, reason: object) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = self._told = now
+            log.warning("lakeshore worker: a claim failed: %s; retrying", reason)
+        elif now - self._told >= _FAILING_REMINDER:
+            self._told = now
+            log.warning(
+                "lakeshore worker: claims still failing after %.0fs: %s; retrying",
+                now - self.since,
+                reason,
+            )
+
+    def answered(self) -> None:
+        if self.since is not None:
+            log.warning(
+                "lakeshore worker: claims go through again, after %.0fs",
+                time.monotonic() - self.since,
+            )
+            self.since = None
 
 
 @dataclass
@@ -396,6 +431,7 @@ class ProcessWorker:
     def _fetch_loop(self) -> None:
         """Keep the free slots and the buffer supplied with claims (long-polls)."""
         dry = False  # the last claim came back short: the queues had no more then
+        failing = _Failing()
         while not self._stopping.is_set():
             with self._cv:
                 room = self._room()
@@ -411,6 +447,7 @@ class ProcessWorker:
             if delegate:
                 job = self._claim_in_child(limit)
                 if job.claims is not None:  # (the main loop started and buffered them)
+                    failing.answered()
                     dry = len(job.claims) < limit
                     if len(job.claims) > 1:  # let the main loop start them first
                         with self._cv:
@@ -420,7 +457,7 @@ class ProcessWorker:
                 if self._stopping.is_set():
                     continue
                 if job.error is not None:
-                    log.warning("lakeshore worker: a claim failed (%s); retrying", job.error)
+                    failing.failed(job.error)
                     self._beat_stop.wait(1.0)
                     continue
             try:
@@ -432,15 +469,13 @@ class ProcessWorker:
                     lease_seconds=self.lease_seconds,
                     should_stop=self._stopping.is_set,
                 )
-            except (Unavailable, Throttled):
-                # the plane is away (the transport already retried): ask again later
-                log.warning("lakeshore worker: the plane is unavailable; retrying")
+            except LakeshoreError as exc:
+                # the plane away (the transport already retried), or refusing: the
+                # reason once, then ask again every second
+                failing.failed(f"{type(exc).__name__}: {exc}")
                 self._beat_stop.wait(1.0)
                 continue
-            except LakeshoreError:
-                log.exception("lakeshore worker: claim failed; retrying")
-                self._beat_stop.wait(1.0)
-                continue
+            failing.answered()
             dry = len(claims) < limit
             if claims:
                 now = time.monotonic()
