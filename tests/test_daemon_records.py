@@ -1,4 +1,5 @@
-"""A daemon's record changed by its heartbeats and by an operator at the same time.
+"""A daemon's record changed by its heartbeats, by an operator at the same time, and by
+another team's worker token.
 
 A running daemon heartbeats every few seconds while an operator may update it, drain it
 or remove it. Each change applies to the record as it is when written (the store's
@@ -17,8 +18,10 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from dreamlake.lakeshore.errors import NotFound
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.errors import Forbidden, NotFound
 from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.stores import SqliteStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,3 +101,28 @@ def test_a_daemon_removed_while_it_heartbeats_stays_removed(
         wait_for(lambda b=beating: b.gone, 10, "a heartbeat brought the daemon back")  # type: ignore[misc]
         beating.stop()
         assert operator.list_daemons() == []
+
+
+def test_a_worker_token_registers_a_known_daemon_only_if_it_may_use_its_queues(
+    served: LocalServer,
+) -> None:
+    # Given a daemon on queue "b" that an operator drained, and worker tokens scoped to
+    # "a" and to "b"
+    with dls.Dispatch(served.url, token=served.admin_token) as admin:
+        make = admin.transport.create_token  # type: ignore[attr-defined]
+        only_a, only_b = (make("worker", queues=[q])["token"] for q in ("a", "b"))
+        rec = admin.transport.register_daemon("gpu", queues=["b"])
+        admin.transport.drain_daemon(rec.id)
+    # When the "a" token registers it again, by its id
+    with dls.Dispatch(served.url, token=only_a) as other:
+        with pytest.raises(Forbidden, match="queue 'b'"):
+            other.transport.register_daemon("gpu", daemon_id=rec.id, queues=["a"])
+        # Then it is refused, and the daemon is as it was (still draining)
+        (kept,) = other.transport.list_daemons()
+        assert (kept.queues, kept.draining) == (["b"], True)
+        # and a daemon it does not know yet, on its own queues, it registers
+        assert other.transport.register_daemon("new", daemon_id="d-new", queues=["a"]).id
+    # while the "b" token takes the known one up again (a restart), as before
+    with dls.Dispatch(served.url, token=only_b) as own:
+        again = own.transport.register_daemon("gpu", daemon_id=rec.id)
+        assert (again.queues, again.draining) == (["b"], False)

@@ -628,6 +628,12 @@ class Service(WorkerRoutes):
             raise InvalidRequest("concurrency must be 1 to 10000")
         for name in queues:
             ident.check_queue(name)
+        if body.get("id") and not ident.unscoped:
+            # Registering a daemon the plane knows keeps its queues (an operator's say):
+            # a worker token may take it over only if they are all in its scopes.
+            old = self.plane.store.get_daemon(body["id"])
+            for name in old.queues if old is not None else ():
+                ident.check_queue(name)
         rec = self.plane.register_daemon(
             body["name"],
             daemon_id=body.get("id"),
