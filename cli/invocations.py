@@ -31,7 +31,7 @@ _ALIVE = 60.0
 def _pending_hint(dp: Dispatch, rec: Invocation, waited: float) -> str:
     """What a call no worker has taken yet waits for: a registered worker process on its
     queue (``lakeshore worker|daemon start`` register; in-process workers do not)."""
-    head = f"lakeshore: {rec.id} still pending after {waited:.0f}s"
+    head = f"lakeshore: {rec.id} waiting for a worker for {waited:.0f}s"
     try:
         now = dp.transport.now()
         serving = [
@@ -56,12 +56,19 @@ def _pending_hint(dp: Dispatch, rec: Invocation, waited: float) -> str:
 def _follow(dp: Dispatch, inv_id: str, *, follow: bool, after: int = 0) -> tuple[int, Invocation]:
     """Print output (stdout to stdout, stderr to stderr) until finished, if following."""
     transport = dp.transport
-    began, hinted = time.monotonic(), False
+    # since when (monotonic) the call has been seen waiting for a worker, due and not
+    # taken (a scheduled call, or one waiting out a retry's backoff, is not); told once
+    # each time
+    waiting: float | None = None
+    hinted = False
     while True:
         rec = transport.get(inv_id)
-        waited = time.monotonic() - began
-        if follow and not hinted and rec.state is State.PENDING and waited >= PENDING_HINT:
-            typer.echo(_pending_hint(dp, rec, waited), err=True)
+        if rec.public_state(transport.now()) is not State.PENDING:
+            waiting, hinted = None, False
+        elif waiting is None:
+            waiting = time.monotonic()
+        elif follow and not hinted and time.monotonic() - waiting >= PENDING_HINT:
+            typer.echo(_pending_hint(dp, rec, time.monotonic() - waiting), err=True)
             hinted = True
         for entry in transport.read_logs(inv_id, after):
             (sys.stdout if entry.stream == "stdout" else sys.stderr).write(entry.text)

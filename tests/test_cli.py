@@ -173,8 +173,7 @@ def test_exec_with_no_worker_says_what_it_waits_for_and_ctrl_c_cancels(plane: st
     assert proc.stderr is not None
     try:
         # When it has waited a while, then it says why, and how to start a worker
-        line = proc.stderr.readline().decode()
-        assert "still pending after" in line
+        line = next(li.decode() for li in proc.stderr if b"waiting for a worker" in li)
         assert "no worker process is registered for queue 'lonely'" in line
         assert "lakeshore worker start -q lonely" in line
         # and Ctrl-C (no terminal to ask on) cancels the call
@@ -189,6 +188,28 @@ def test_exec_with_no_worker_says_what_it_waits_for_and_ctrl_c_cancels(plane: st
         assert rec.state == "cancelled"
 
 
+@pytest.mark.parametrize("delay", [0, 3600], ids=["due", "scheduled"])
+def test_following_a_call_tells_of_waiting_for_a_worker_only_once_it_is_due(
+    plane: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], delay: int
+) -> None:
+    from dreamlake.lakeshore.cli import invocations
+
+    # Given a call on a queue no worker serves, due now or in an hour, cancelled after a
+    # few looks (so that following it ends)
+    monkeypatch.setattr(invocations, "PENDING_HINT", 0.0)
+    with dls.Dispatch(plane) as dp:
+        inv = dls.SyncQueue("idle", dispatch=dp).exec("echo hi", delay=delay)
+        timer = threading.Timer(1.0, dp.transport.cancel, (inv,))
+        timer.start()
+        # When it is followed until it ends
+        invocations._follow(dp, inv, follow=True)
+        timer.join()
+    # Then only the call that is due is said to wait for a worker (once), not the
+    # scheduled one: it waits for its time
+    told = capsys.readouterr().err.count("waiting for a worker")
+    assert told == (1 if delay == 0 else 0)
+
+
 def test_the_pending_hint_counts_the_registered_workers_of_the_queue(plane: str) -> None:
     from dreamlake.lakeshore.cli.invocations import _pending_hint
 
@@ -201,7 +222,7 @@ def test_the_pending_hint_counts_the_registered_workers_of_the_queue(plane: str)
         dp.transport.drain_daemon(dp.transport.list_daemons()[1].id)
         # When the hint is made, then it counts the one serving, with its slots
         hint = _pending_hint(dp, rec, 5.0)
-    assert "still pending after 5s: 1 worker process(es) with 3 slot(s)" in hint
+    assert "waiting for a worker for 5s: 1 worker process(es) with 3 slot(s)" in hint
     assert "serve queue 'busy'; none has taken it yet" in hint
 
 

@@ -85,6 +85,31 @@ def test_updates_and_a_drain_made_while_a_daemon_heartbeats_all_stick(
     assert final.last_heartbeat > rec.last_heartbeat
 
 
+def test_updates_made_while_a_daemon_registers_again_and_again_all_stick(
+    planes: tuple[Plane, Plane],
+) -> None:
+    daemon, operator = planes
+    # Given a daemon that registers again and again under its id (restarting)
+    rec = daemon.register_daemon("gpu", daemon_id="d-gpu", queues=["q0"])
+    stop = threading.Event()
+
+    def restarting() -> None:
+        while not stop.is_set():
+            daemon.register_daemon("gpu", daemon_id=rec.id, queues=["ignored"])
+
+    thread = threading.Thread(target=restarting, daemon=True)
+    thread.start()
+    try:
+        # When an operator adds a queue 100 times over meanwhile
+        for i in range(1, 101):
+            operator.update_daemon(rec.id, add_queues=[f"q{i}"])
+    finally:
+        stop.set()
+        thread.join(30)
+    # Then every queue is on the record (registering keeps the plane's queues)
+    assert operator.get_daemon(rec.id).queues == [f"q{i}" for i in range(101)]
+
+
 def test_a_daemon_removed_while_it_heartbeats_stays_removed(
     planes: tuple[Plane, Plane],
 ) -> None:

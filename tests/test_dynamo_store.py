@@ -1075,17 +1075,21 @@ def test_a_daemon_record_changed_by_others_at_every_try_gives_up_as_unavailable(
     from dreamlake.lakeshore.errors import Unavailable
     from dreamlake.lakeshore.plane.model import DaemonRecord
 
+    def daemon(concurrency: int) -> DaemonRecord:
+        return DaemonRecord("d-a", "a", "host", ["q"], concurrency, "3.11", [5], 1.0, 1.0)
+
     # Given a daemon record that another process writes between each read and write
     store, other = open_store(), open_store()
-    store.put_daemon(DaemonRecord("d-a", "a", "host", ["q"], 1, "3.11", [5], 1.0, 1.0))
+    store.change_daemon("d-a", lambda _old: daemon(1))
     tries = 0
 
-    def beat(rec: DaemonRecord) -> None:
+    def beat(rec: DaemonRecord | None) -> DaemonRecord | None:
         nonlocal tries
         tries += 1
+        assert rec is not None
         rec.last_heartbeat = 100.0
-        changed = DaemonRecord("d-a", "a", "host", ["q"], 1 + tries, "3.11", [5], 1.0, 1.0)
-        other.put_daemon(changed)
+        other.change_daemon("d-a", lambda _old: daemon(1 + tries))
+        return rec
 
     # When a change is made, then it gives up after a bounded number of tries, with a
     # reason to retry, and none of its writes landed over the other's

@@ -1061,20 +1061,44 @@ def test_failing_claims_are_told_once_with_their_reason_and_again_when_they_go_t
     assert said[1].startswith("lakeshore worker: claims go through again, after ")
 
 
-def test_claims_failing_for_long_are_told_again_at_the_reminder(
+def test_claims_failing_for_long_are_told_again_at_the_reminder_or_a_new_reason(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Given claims failing past the reminder's interval
-    monkeypatch.setattr(pool, "_FAILING_REMINDER", 0.0)
     failing = pool._Failing()
     with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.worker"):
+        # Given claims failing for one reason, again within the reminder's interval
+        failing.failed("Unavailable: cannot reach the plane")
+        failing.failed("Unavailable: cannot reach the plane")
+        # then for another (the plane back, the token revoked meanwhile)
         failing.failed("Forbidden: token revoked")
+        # and on past the interval
+        monkeypatch.setattr(pool, "_FAILING_REMINDER", 0.0)
         failing.failed("Forbidden: token revoked")
         failing.answered()
         failing.answered()  # (said once)
-    # Then each failure past the interval is told, saying for how long
+    # Then the first, the new reason at once, the reminder and the return are told
     said = [r.getMessage() for r in caplog.records]
-    assert said[0] == "lakeshore worker: a claim failed: Forbidden: token revoked; retrying"
-    assert said[1].startswith("lakeshore worker: claims still failing after 0s: Forbidden")
-    assert said[2].startswith("lakeshore worker: claims go through again")
-    assert len(said) == 3
+    assert said[0] == (
+        "lakeshore worker: a claim failed: Unavailable: cannot reach the plane; retrying"
+    )
+    assert said[1].startswith("lakeshore worker: claims still failing after 0s: Forbidden: token")
+    assert said[2].startswith("lakeshore worker: claims still failing after 0s: Forbidden: token")
+    assert said[3].startswith("lakeshore worker: claims go through again")
+    assert len(said) == 4
+
+
+def test_a_job_process_claim_that_goes_through_is_told_at_once(
+    dp: dls.Dispatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a worker whose claims failed (as a job process's claim does, with its reason)
+    w = ProcessWorker(dp, ["q"])
+    slot = pool._Slot(0)
+    with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.worker"):
+        w._claimed_in_child(slot, [], "Unavailable: the plane is away", False)
+        w._failing.failed("Unavailable: the plane is away")
+        # When a job process's claim goes through (even one that found nothing, or whose
+        # job holds its claim open on a one-slot worker)
+        w._claimed_in_child(slot, [], None, False)
+    # Then the worker says so then, not when the fetcher next hears from the plane
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and said[1].startswith("lakeshore worker: claims go through again")

@@ -32,6 +32,7 @@ from dreamlake.lakeshore.plane import (
     Submission,
 )
 from dreamlake.lakeshore.plane.ids import group_ids
+from dreamlake.lakeshore.plane.model import DaemonRecord
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.submit import new_id
 
@@ -329,12 +330,21 @@ def test_queue_counter_adds_atomically_from_two_handles_on_the_same_data(
 # =======================================================================================
 
 
-def test_delete_daemon_removes_only_that_daemon(store: Store) -> None:
-    from dreamlake.lakeshore.plane.model import DaemonRecord
+def daemon(daemon_id: str, *, draining: bool = False) -> DaemonRecord:
+    return DaemonRecord(
+        daemon_id, daemon_id[2:], "host", ["q"], 1, "3.11", [5], 1.0, 1.0, 0, draining
+    )
 
+
+def put_daemon(store: Store, rec: DaemonRecord) -> None:
+    """Write ``rec`` whatever is there (what registering a daemon does)."""
+    assert store.change_daemon(rec.id, lambda _old: rec) == rec
+
+
+def test_delete_daemon_removes_only_that_daemon(store: Store) -> None:
     # Given two daemon records
     for name in ("a", "b"):
-        store.put_daemon(DaemonRecord(f"d-{name}", name, "host", ["q"], 1, "3.11", [5], 1.0, 1.0))
+        put_daemon(store, daemon(f"d-{name}"))
     # When one is deleted, then that says it was there, and only the other is left
     assert store.delete_daemon("d-a") is True
     assert [d.id for d in store.list_daemons()] == ["d-b"]
@@ -344,49 +354,64 @@ def test_delete_daemon_removes_only_that_daemon(store: Store) -> None:
     assert store.delete_daemon("d-none") is False
 
 
-def test_change_daemon_writes_the_change_and_creates_nothing(store: Store) -> None:
-    from dreamlake.lakeshore.plane.model import DaemonRecord
-
+def test_change_daemon_hands_over_the_record_and_writes_what_comes_back(store: Store) -> None:
     # Given a daemon record
-    store.put_daemon(DaemonRecord("d-a", "a", "host", ["q"], 1, "3.11", [5], 1.0, 1.0))
+    put_daemon(store, daemon("d-a"))
+    seen: list[DaemonRecord | None] = []
 
-    def drain(rec: DaemonRecord) -> None:
-        rec.draining, rec.running = True, 3
+    def drain(rec: DaemonRecord | None) -> DaemonRecord | None:
+        seen.append(None if rec is None else replace(rec))
+        if rec is not None:
+            rec.draining, rec.running = True, 3
+        return rec
 
-    # When it is changed, then the record written comes back and is what is stored
+    # When it is changed, then the change saw it, and the record written comes back and
+    # is what is stored
     got = store.change_daemon("d-a", drain)
+    assert seen == [daemon("d-a")]
     assert got is not None and (got.draining, got.running) == (True, 3)
     assert store.get_daemon("d-a") == got
-    # and a change of a daemon that is not there writes nothing
+    # and a change of a daemon that is not there sees None; returning None writes nothing
     assert store.change_daemon("d-none", drain) is None
+    assert seen[-1] is None
     assert [d.id for d in store.list_daemons()] == ["d-a"]
+    # while returning a record there creates it
+    assert store.change_daemon("d-new", lambda old: daemon("d-new")) == daemon("d-new")
+    assert [d.id for d in store.list_daemons()] == ["d-a", "d-new"]
 
 
+@pytest.mark.parametrize("there", [True, False], ids=["changed", "created"])
 def test_change_daemon_keeps_a_write_made_while_it_changes(
-    store: Store, open_another: Opener
+    store: Store, open_another: Opener, there: bool
 ) -> None:
-    from dreamlake.lakeshore.plane.model import DaemonRecord
-
-    # Given a daemon record, and another handle (another process) that drains it while
-    # the first is in the middle of a heartbeat
-    store.put_daemon(DaemonRecord("d-a", "a", "host", ["q"], 1, "3.11", [5], 1.0, 1.0))
+    # Given a daemon record (or none yet), and another handle (another process) that
+    # writes it, drained, while the first is in the middle of its change (a heartbeat, or
+    # the daemon registering)
+    if there:
+        put_daemon(store, daemon("d-a"))
     other = open_another()
+
+    def drain(rec: DaemonRecord | None) -> DaemonRecord:
+        if rec is None:
+            return daemon("d-a", draining=True)
+        rec.draining = True
+        return rec
+
     draining = threading.Thread(target=lambda: other.change_daemon("d-a", drain), daemon=True)
 
-    def drain(rec: DaemonRecord) -> None:
-        rec.draining = True
-
-    def beat(rec: DaemonRecord) -> None:
+    def beat(rec: DaemonRecord | None) -> DaemonRecord:
+        rec = rec or daemon("d-a")
         rec.last_heartbeat += 1
-        if not draining.is_alive() and not draining.ident:
+        if not draining.ident:
             draining.start()
             # (a store that holds others off until it writes keeps the drain waiting)
             draining.join(0.5)
+        return rec
 
-    # When the heartbeat's change is written
+    # When the first change is written
     store.change_daemon("d-a", beat)
     draining.join(30)
-    # Then the record has both: the drain is not written over, nor the heartbeat lost
+    # Then the record has both: the drain is not written over, nor the change lost
     final = store.get_daemon("d-a")
     assert final is not None and final.draining is True
     assert final.last_heartbeat == 2.0

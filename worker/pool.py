@@ -102,34 +102,48 @@ _FAILING_REMINDER = 60.0
 
 
 class _Failing:
-    """What the fetcher says while its claims fail (the plane away, or refusing): the
-    reason at the first failure, a reminder every :data:`_FAILING_REMINDER` seconds
-    rather than a line a second, and when a claim goes through again."""
+    """What a worker says while its claims fail (the plane away, or refusing): the reason
+    at the first failure and as soon as it changes, a reminder every
+    :data:`_FAILING_REMINDER` seconds rather than a line a second, and when a claim goes
+    through again. Told from the fetcher and from the main loop (a job process's claim)."""
 
     def __init__(self) -> None:
+        self._lock = threading.Lock()
         self.since: float | None = None
         self._told = 0.0
+        self._kind = ""
 
-    def failed(self, reason: object) -> None:
+    def failed(self, reason: str) -> None:
+        """A claim failed: ``reason`` is ``"<error type>: <message>"``."""
+        kind = reason.partition(":")[0]
         now = time.monotonic()
-        if self.since is None:
-            self.since = self._told = now
+        with self._lock:
+            if self.since is None or kind != self._kind:
+                first = self.since is None
+                self.since = self.since if self.since is not None else now
+                self._told, self._kind = now, kind
+            elif now - self._told >= _FAILING_REMINDER:
+                first, self._told = False, now
+            else:
+                return
+            since = self.since
+        if first:
             log.warning("lakeshore worker: a claim failed: %s; retrying", reason)
-        elif now - self._told >= _FAILING_REMINDER:
-            self._told = now
+        else:
             log.warning(
                 "lakeshore worker: claims still failing after %.0fs: %s; retrying",
-                now - self.since,
+                now - since,
                 reason,
             )
 
     def answered(self) -> None:
-        if self.since is not None:
+        with self._lock:
+            since, self.since = self.since, None
+        if since is not None:
             log.warning(
                 "lakeshore worker: claims go through again, after %.0fs",
-                time.monotonic() - self.since,
+                time.monotonic() - since,
             )
-            self.since = None
 
 
 @dataclass
@@ -271,6 +285,8 @@ class ProcessWorker:
         self._last_start = 0.0
         #: the claim the fetcher left to a job process, until it is answered
         self._delegated: _Delegation | None = None
+        #: what the worker says while its claims fail
+        self._failing = _Failing()
         #: when the main loop first saw a stop with a job process claiming (monotonic)
         self._stop_seen: float | None = None
         #: outcomes waiting for the reporter
@@ -431,7 +447,7 @@ class ProcessWorker:
     def _fetch_loop(self) -> None:
         """Keep the free slots and the buffer supplied with claims (long-polls)."""
         dry = False  # the last claim came back short: the queues had no more then
-        failing = _Failing()
+        failing = self._failing
         while not self._stopping.is_set():
             with self._cv:
                 room = self._room()
@@ -615,6 +631,8 @@ class ProcessWorker:
         slot; once the worker stops it runs none, and the buffer hands them back."""
         with self._lock:
             slot.claiming = False
+        if error is None:
+            self._failing.answered()  # (a chain may hold the delegation open: say it now)
         now = time.monotonic()
         with self._cv:
             waiting = claims[1:] if runs else claims

@@ -33,22 +33,25 @@ class DaemonOps(PlaneBase):
         """Register (or re-register) a daemon; return the record it should follow."""
         now = self.clock.now()
         daemon_id = daemon_id or f"d-{secrets.token_hex(6)}"
-        old = self.store.get_daemon(daemon_id)
-        protocols = pickle_protocols or (old.pickle_protocols if old else [])
-        rec = DaemonRecord(
-            id=daemon_id,
-            name=name,
-            host=host or (old.host if old else ""),
-            queues=list(old.queues) if old else [str(q) for q in queues],
-            concurrency=old.concurrency if old else max(1, int(concurrency)),
-            python=python or (old.python if old else ""),
-            pickle_protocols=[int(p) for p in protocols],
-            registered_at=old.registered_at if old else now,
-            last_heartbeat=now,
-            running=0,
-            draining=False,
-        )
-        self.store.put_daemon(rec)
+
+        def register(old: DaemonRecord | None) -> DaemonRecord:
+            protocols = pickle_protocols or (old.pickle_protocols if old else [])
+            return DaemonRecord(
+                id=daemon_id,
+                name=name,
+                host=host or (old.host if old else ""),
+                queues=list(old.queues) if old else [str(q) for q in queues],
+                concurrency=old.concurrency if old else max(1, int(concurrency)),
+                python=python or (old.python if old else ""),
+                pickle_protocols=[int(p) for p in protocols],
+                registered_at=old.registered_at if old else now,
+                last_heartbeat=now,
+                running=0,
+                draining=False,
+            )
+
+        rec = self.store.change_daemon(daemon_id, register)
+        assert rec is not None
         return rec
 
     def get_daemon(self, daemon_id: str) -> DaemonRecord:
@@ -60,7 +63,13 @@ class DaemonOps(PlaneBase):
     def _change(self, daemon_id: str, change: Callable[[DaemonRecord], None]) -> DaemonRecord:
         """Change a daemon's record in place (a drain, an update or a removal landing at
         the same time is kept, not written over with what was read before it)."""
-        rec = self.store.change_daemon(daemon_id, change)
+
+        def changed(rec: DaemonRecord | None) -> DaemonRecord | None:
+            if rec is not None:
+                change(rec)
+            return rec
+
+        rec = self.store.change_daemon(daemon_id, changed)
         if rec is None:
             raise NotFound(f"no daemon {daemon_id!r}")
         return rec

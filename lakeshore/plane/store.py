@@ -168,19 +168,16 @@ class Store(Protocol):
 
     def list_tokens(self) -> list[TokenRecord]: ...
 
-    def put_daemon(self, daemon: DaemonRecord) -> None:
-        """Insert or replace a daemon record."""
-        ...
-
     def get_daemon(self, daemon_id: str) -> DaemonRecord | None: ...
 
     def change_daemon(
-        self, daemon_id: str, change: Callable[[DaemonRecord], None]
+        self, daemon_id: str, change: Callable[[DaemonRecord | None], DaemonRecord | None]
     ) -> DaemonRecord | None:
-        """Apply ``change`` to a daemon's record and write it back as one step: a write
-        by anyone else between the read and the write is never undone (``change`` may
-        be called again, on the record as it then is). The record written; None, and
-        nothing written, when there is no such record (one removed stays removed)."""
+        """Read a daemon's record (None: there is none), hand it to ``change`` and write
+        the record ``change`` returns, as one step: a write by anyone else between the
+        read and the write is never undone (``change`` may be called again, with the
+        record as it then is). ``change`` returning None writes nothing. The record
+        written, or None."""
         ...
 
     def list_daemons(self) -> list[DaemonRecord]: ...

@@ -105,31 +105,38 @@ class DynamoExtras:
     def list_tokens(self) -> list[TokenRecord]:
         return [TokenRecord(**d) for d in self._list_records(K.REC_TOKEN)]
 
-    def put_daemon(self, daemon: DaemonRecord) -> None:
-        self._put_record(K.REC_DAEMON, daemon.id, asdict(daemon))
-
     def get_daemon(self, daemon_id: str) -> DaemonRecord | None:
         doc = self._get_record(K.REC_DAEMON, daemon_id)
         return None if doc is None else DaemonRecord(**doc)
 
     def change_daemon(
-        self, daemon_id: str, change: Callable[[DaemonRecord], None]
+        self, daemon_id: str, change: Callable[[DaemonRecord | None], DaemonRecord | None]
     ) -> DaemonRecord | None:
         key = {K.REC_KIND: {"S": K.REC_DAEMON}, K.REC_ID: {"S": daemon_id}}
         for _ in range(_CHANGE_TRIES):
             out = self._ddb.get_item(TableName=self._records, Key=key, ConsistentRead=True)
-            if "Item" not in out:
+            old = out["Item"][K.REC_DOC]["B"] if "Item" in out else None
+            rec = change(None if old is None else DaemonRecord(**unpack(old)))
+            if rec is None:
                 return None
-            old = out["Item"][K.REC_DOC]["B"]
-            rec = DaemonRecord(**unpack(old))
-            change(rec)
-            try:  # written only over the record as read: another write since, read again
+            # written only over the record as read (or none): another write since, read again
+            condition: dict[str, Any] = (
+                {
+                    "ConditionExpression": "attribute_not_exists(#i)",
+                    "ExpressionAttributeNames": {"#i": K.REC_ID},
+                }
+                if old is None
+                else {
+                    "ConditionExpression": "#d = :old",
+                    "ExpressionAttributeNames": {"#d": K.REC_DOC},
+                    "ExpressionAttributeValues": {":old": {"B": old}},
+                }
+            )
+            try:
                 self._ddb.put_item(
                     TableName=self._records,
                     Item={**key, K.REC_DOC: {"B": pack(asdict(rec))}},
-                    ConditionExpression="#d = :old",
-                    ExpressionAttributeNames={"#d": K.REC_DOC},
-                    ExpressionAttributeValues={":old": {"B": old}},
+                    **condition,
                 )
                 return rec
             except ClientError as exc:

@@ -882,23 +882,21 @@ class SqliteStore:
     def list_tokens(self) -> list[TokenRecord]:
         return [TokenRecord(**d) for d in self._all_docs("tokens")]
 
-    def put_daemon(self, daemon: DaemonRecord) -> None:
-        self._put_doc("daemons", daemon.id, asdict(daemon))
-
     def get_daemon(self, daemon_id: str) -> DaemonRecord | None:
         doc = self._get_doc("daemons", daemon_id)
         return None if doc is None else DaemonRecord(**doc)
 
     def change_daemon(
-        self, daemon_id: str, change: Callable[[DaemonRecord], None]
+        self, daemon_id: str, change: Callable[[DaemonRecord | None], DaemonRecord | None]
     ) -> DaemonRecord | None:
         with self._tx() as db:  # (the write lock from the read on: nobody writes between)
             row = db.execute("SELECT doc FROM daemons WHERE id = ?", (daemon_id,)).fetchone()
-            if row is None:
-                return None
-            rec = DaemonRecord(**_unpack(row[0]))
-            change(rec)
-            db.execute("UPDATE daemons SET doc = ? WHERE id = ?", (_pack(asdict(rec)), daemon_id))
+            rec = change(None if row is None else DaemonRecord(**_unpack(row[0])))
+            if rec is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO daemons (id, doc) VALUES (?, ?)",
+                    (daemon_id, _pack(asdict(rec))),
+                )
         return rec
 
     def list_daemons(self) -> list[DaemonRecord]:
