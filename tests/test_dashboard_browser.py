@@ -229,6 +229,25 @@ def test_a_running_invocation_is_cancelled_from_the_running_page(
     page.wait_for_selector("h1 .state.cancelled")
 
 
+def test_an_id_with_a_percent_sign_is_opened_and_cancelled_as_itself(
+    page: Any, plane: Plane
+) -> None:
+    # Given two calls waiting on a queue no worker serves, one id "%41" away from the other
+    waiting = dls.SyncQueue(
+        "ui-odd-ids", dispatch=dls.Dispatch(plane.url, token=plane.token("producer"))
+    )
+    odd = waiting.submit(square, 1, _id="odd%41id")
+    plain = waiting.submit(square, 2, _id="oddAid")
+    # When the operator opens the odd one from the queue's list and cancels it
+    page.goto(page.url.split("#")[0] + "#/queue/ui-odd-ids?state=pending")
+    page.click(f'#invocations tr[data-id="{odd}"] a')
+    page.wait_for_selector("h1:has-text('odd%41id')")
+    page.click("#cancel")
+    page.wait_for_selector("h1 .state.cancelled")
+    # Then that one is cancelled, and the other (what "%41" decodes to) still waits
+    assert (waiting.status(odd), waiting.status(plain)) == ("cancelled", "pending")
+
+
 def test_pause_and_drain_from_the_dashboard(
     page: Any, plane: Plane, producer: dls.SyncQueue, daemon: Daemon
 ) -> None:

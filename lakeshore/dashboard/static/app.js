@@ -247,7 +247,7 @@ async function queueView(name) {
   return h("div", { class: "card" }, h("h1", {}, "Queue " + qname + (state ? " · " + state : "")), filters,
     h("table", { id: "invocations" }, h("thead", {}, h("tr", {}, ["id", "state", "attempt", "priority", "submitted", "worker"].map((x) => h("th", {}, x)))),
       h("tbody", {}, invocations.map((inv) => h("tr", { "data-id": inv.id },
-        h("td", { class: "mono" }, h("a", { href: "#/inv/" + inv.id }, inv.id)),
+        h("td", { class: "mono" }, h("a", { href: "#/inv/" + encodeURIComponent(inv.id) }, inv.id)),
         h("td", {}, stateTag(inv.state)), h("td", { class: "num" }, `${inv.attempt}/${inv.max_attempts}`),
         h("td", { class: "num" }, inv.priority), h("td", {}, ago(inv.created_at) + " ago"),
         h("td", { class: "mono" }, inv.worker || "—"))))));
@@ -263,7 +263,7 @@ async function runningView() {
     running.length ? h("table", { id: "running" },
       h("thead", {}, h("tr", {}, ["id", "queue", "worker", "progress", "age", "attempt", ""].map((x) => h("th", {}, x)))),
       h("tbody", {}, running.map((inv) => h("tr", { "data-id": inv.id },
-        h("td", { class: "mono" }, h("a", { href: "#/inv/" + inv.id }, inv.id)),
+        h("td", { class: "mono" }, h("a", { href: "#/inv/" + encodeURIComponent(inv.id) }, inv.id)),
         h("td", {}, inv.queue), h("td", { class: "mono" }, inv.worker || "—"),
         h("td", {}, h("div", { class: "bar", title: inv.progress_message || "" },
           h("div", { style: `width:${Math.round(100 * (inv.progress || 0))}%` })),
@@ -271,7 +271,7 @@ async function runningView() {
             `${Math.round(100 * inv.progress)}% ${inv.progress_message || ""}`)),
         h("td", {}, ago(inv.started_at)), h("td", { class: "num" }, `${inv.attempt}/${inv.max_attempts}`),
         h("td", {}, h("button", { class: "danger", onclick: () =>
-          act("Cancelled " + inv.id, () => api("POST", `/v1/invocations/${inv.id}/cancel`)) }, "Cancel"))))))
+          act("Cancelled " + inv.id, () => api("POST", `/v1/invocations/${encodeURIComponent(inv.id)}/cancel`)) }, "Cancel"))))))
       : h("p", { class: "muted" }, "Nothing is running."));
 }
 
@@ -288,7 +288,7 @@ async function daemonsView() {
         h("td", { class: "num" }, d.running), h("td", {}, ago(d.last_heartbeat) + " ago"),
         h("td", { class: "mono" }, d.host || "—"),
         h("td", {}, me.role === "admin" && !d.draining ? h("button", { onclick: () =>
-          act("Draining " + d.name, () => api("POST", `/v1/daemons/${d.id}/drain`)) }, "Drain") : null)))))
+          act("Draining " + d.name, () => api("POST", `/v1/daemons/${encodeURIComponent(d.id)}/drain`)) }, "Drain") : null)))))
       : h("p", { class: "muted" }, "No daemon has registered."));
 }
 
@@ -306,14 +306,14 @@ async function invocationView(id) {
   const actions = [];
   if (["pending", "scheduled", "running"].includes(inv.state))
     actions.push(h("button", { class: "danger", id: "cancel", onclick: () =>
-      act("Cancelled", () => api("POST", `/v1/invocations/${inv.id}/cancel`)) }, "Cancel"));
+      act("Cancelled", () => api("POST", `/v1/invocations/${encodeURIComponent(inv.id)}/cancel`)) }, "Cancel"));
   if (["failed", "dead"].includes(inv.state))
     actions.push(h("button", { class: "primary", id: "retry", onclick: () =>
-      act("Retrying", () => api("POST", `/v1/invocations/${inv.id}/retry`)) }, "Retry"));
+      act("Retrying", () => api("POST", `/v1/invocations/${encodeURIComponent(inv.id)}/retry`)) }, "Retry"));
   if (inv.state === "pending") {
     const input = h("input", { type: "number", value: inv.priority, id: "priority" });
     actions.push(input, h("button", { onclick: () => act("Priority changed", () =>
-      api("PATCH", `/v1/invocations/${inv.id}`, { priority: Number(input.value) })) }, "Set priority"));
+      api("PATCH", `/v1/invocations/${encodeURIComponent(inv.id)}`, { priority: Number(input.value) })) }, "Set priority"));
   }
   const err = inv.error;
   return [
