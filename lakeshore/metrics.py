@@ -1,7 +1,8 @@
 """What the plane counts: per-queue counters and histograms, per-worker gauges.
 
 The service layer (``api/service.py``) feeds one :class:`Registry` after each submit,
-claim, completion, failure and heartbeat. ``lakeshore serve`` shows it as Prometheus
+claim, completion, failure and heartbeat, and when the plane fails an attempt that ran
+past its timeout itself (``Plane.on_attempt_ended``). ``lakeshore serve`` shows it as Prometheus
 text (``GET /metrics``, :meth:`Registry.prometheus`); the Lambda handler, which keeps no
 memory between calls worth scraping, takes each request's events
 (:meth:`Registry.drain`) and writes them as CloudWatch EMF through powertools.

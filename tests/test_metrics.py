@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from dreamlake.lakeshore.api import Service, bootstrap_admin, create_token
+from dreamlake.lakeshore.clock import FakeClock
 from dreamlake.lakeshore.handlers import api as api_handler
 from dreamlake.lakeshore.handlers import apigw
 from dreamlake.lakeshore.handlers.api import make_app, write_emf
@@ -110,6 +111,46 @@ def test_the_service_counts_a_queue_and_metrics_shows_it_as_prometheus_text() ->
         m[("lakeshore_worker_heartbeats_total", frozenset({("worker", "w-1"), ("kind", "lease")}))]
         == 1
     )
+    plane.close()
+
+
+def test_attempts_that_ran_past_their_timeout_are_counted_however_they_end() -> None:
+    # Given three calls with a 1 s timeout and no retries, one more that may retry once,
+    # all claimed, on a plane whose clock the test moves
+    clock = FakeClock()
+    plane = Plane(SqliteStore(":memory:"), clock=clock)
+    app = make_app(Service(plane))
+    admin = bootstrap_admin(plane)
+    assert admin is not None
+    p, _ = create_token(plane, "producer")
+    w, _ = create_token(plane, "worker")
+    subs: list[dict[str, Any]] = [
+        {"queue": "slow", "ref": "time:sleep", "args": [5], "timeout": 1, "id": f"t{i}"}
+        for i in range(3)
+    ]
+    subs.append({**subs[0], "id": "again", "retry": {"max": 1}})
+    _call(app, "POST", "/v1/invocations", p, {"invocations": subs})
+    body = {"queues": ["slow"], "worker": "w-1", "limit": 4}
+    claims = {c["id"]: c for c in _call(app, "POST", "/v1/claims", w, body)[1]["claims"]}
+    assert len(claims) == 4
+    # When the time passes: one worker's timeout failure arrives late (the plane records
+    # the timeout), another's result too, and the sweep ends the other two
+    clock.advance(2)
+    err = {"type": "dreamlake.lakeshore.InvocationTimeout", "message": "killed", "traceback": ""}
+    lease = {"id": "t0", "lease_token": claims["t0"]["lease_token"]}
+    _call(app, "POST", "/v1/failures", w, {"failures": [{**lease, "error": err}]})
+    ok = base64.b64encode(encode_result(1.0, prefer_msgpack=True)[0]).decode()
+    lease = {"id": "t1", "lease_token": claims["t1"]["lease_token"]}
+    _call(app, "POST", "/v1/completions", w, {"results": [{**lease, "result": ok}]})
+    plane.sweep()
+    # Then the three failed for good are counted as failed, the one retried as retried,
+    # each with its run time
+    m = parse(_call(app, "GET", "/metrics", admin)[1])
+    q = frozenset({("queue", "slow")})
+    assert m[("lakeshore_invocations_failed_total", q)] == 3
+    assert m[("lakeshore_invocations_retried_total", q)] == 1
+    assert m[("lakeshore_run_time_seconds_count", q)] == 4
+    assert ("lakeshore_invocations_succeeded_total", q) not in m
     plane.close()
 
 

@@ -163,6 +163,11 @@ class Service(WorkerRoutes):
         self.gauges: list[Callable[[Registry], None]] = []
         self.pauses = PauseFlags(plane)
         self.wakes = wake_objects(plane.store)
+        # attempts the plane fails itself (past their timeout) count as a worker's do
+        plane.on_attempt_ended = self._attempt_ended
+
+    def _attempt_ended(self, rec: Invocation, outcome: str, error_type: str | None) -> None:
+        self._finished(rec, outcome, error_type=error_type)
 
     # ------------------------------------------------------------------ hello
     def hello(self, ident: Identity) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
 from ..clock import Clock
@@ -41,6 +41,11 @@ class PlaneBase:
     _next_purge: float
     _sweep_lock: threading.Lock
     _touched: dict[str, float]
+    #: told when the plane fails an attempt itself (its lease ran out past the call's
+    #: timeout: the worker's late answer, or the sweep), with the record as it ran, the
+    #: outcome ("failed" for good, or "retried" by the call's policy) and the error
+    #: type; a worker's own answers are counted where they are taken (the service)
+    on_attempt_ended: Callable[[Invocation, str, str | None], None] | None
 
     def now(self) -> float:
         return self.clock.now()

@@ -514,6 +514,9 @@ class WorkerOps(PlaneBase):
         return handled
 
     def _expire_lease(self, rec: Invocation, now: float) -> Invocation | None:
+        """End ``rec``'s attempt whose lease ran out: it failed past its timeout (told to
+        :attr:`on_attempt_ended`), or its worker was lost (handed on, or dead). The record
+        afterwards; None if it changed since it was read."""
         if _past_deadline(rec, now):
             error = {
                 "type": "dreamlake.lakeshore.InvocationTimeout",
@@ -521,7 +524,11 @@ class WorkerOps(PlaneBase):
                 "traceback": "",
                 "pickled": None,
             }
-            return self._fail_or_retry(rec, error, retryable=True)
+            updated = self._fail_or_retry(rec, error, retryable=True)
+            if updated is not None and self.on_attempt_ended is not None:
+                outcome = "retried" if updated.state is State.PENDING else "failed"
+                self.on_attempt_ended(rec, outcome, error["type"])
+            return updated
         expect = _held(rec.lease_token)
         if rec.attempt >= rec.max_attempts:
             changes: dict[str, Any] = {
