@@ -881,6 +881,65 @@ def test_values_no_store_can_hold_are_4xx_and_change_nothing(
     check_answer(world, before, reply)
 
 
+#: bodies naming a queue no queue can be called, or a retry no retry can follow
+BAD_NAMES_AND_RETRIES: list[Any] = [
+    pytest.param(
+        "POST", "/v1/claims", {"queues": ["bad/name"], "worker": "w"}, "queue name", id="claim"
+    ),
+    pytest.param(
+        "POST",
+        "/v1/daemons",
+        {"name": "d3", "queues": ["bad/name"]},
+        "queue name",
+        id="register a daemon",
+    ),
+    pytest.param(
+        "PATCH",
+        "/v1/daemons/{daemon}",
+        {"add_queues": ["bad/name"]},
+        "queue name",
+        id="add a queue to a daemon",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/queues",
+        {"name": "team-a-2", "retry": {"backoff": -1}},
+        "retry.backoff",
+        id="a queue's retry backoff below 0",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/invocations",
+        {"invocations": [{"queue": "team-a", "ref": "m:f", "retry": {"max_backoff": -5}}]},
+        "retry.max_backoff",
+        id="a call's retry max_backoff below 0",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/queues",
+        {"name": "team-a-3", "retry": {"max": -1}},
+        "retry.max",
+        id="a queue's retry max below 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("method", "template", "body", "named"), BAD_NAMES_AND_RETRIES)
+def test_bad_queue_names_and_retries_are_400_wherever_they_come(
+    world: World, method: str, template: str, body: Any, named: str
+) -> None:
+    # Given a body naming a queue that cannot exist, or a backoff no retry can wait
+    before = snapshot(world.plane)
+    # When the admin sends it
+    reply = send(
+        world, method, _path(template, world.ids, None), _mp(body), MP, world.tokens["admin"]
+    )
+    # Then it is refused with a reason naming the field, and nothing stored changed
+    assert reply.status == 400, reply.body
+    assert named in reply.body["error"]["message"]
+    check_answer(world, before, reply)
+
+
 def test_a_refused_submit_creates_no_queue(world: World) -> None:
     # Given an id the plane has (in team-a), replayed with another body on a new queue
     body = b'{"invocations": [{"id": "p", "queue": "team-a-new", "ref": "m:f"}]}'

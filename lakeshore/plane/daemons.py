@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from ..errors import InvalidRequest, NotFound
 from .base import PlaneBase
+from .kinds import check_queue_name
 from .model import DaemonRecord
 
 __all__ = ["DaemonOps"]
@@ -31,6 +32,8 @@ class DaemonOps(PlaneBase):
         host: str = "",
     ) -> DaemonRecord:
         """Register (or re-register) a daemon; return the record it should follow."""
+        for queue in queues:
+            check_queue_name(queue)
         now = self.clock.now()
         daemon_id = daemon_id or f"d-{secrets.token_hex(6)}"
 
@@ -96,8 +99,10 @@ class DaemonOps(PlaneBase):
         concurrency: int | None = None,
     ) -> DaemonRecord:
         """Change a daemon's queues or concurrency; it follows at its next heartbeat."""
-        if not all(isinstance(q, str) and q for q in [*add_queues, *remove_queues]):
+        if not all(isinstance(q, str) and q for q in remove_queues):
             raise InvalidRequest("queues must be names")
+        for queue in add_queues:
+            check_queue_name(queue)
         if concurrency is not None and concurrency < 1:
             raise InvalidRequest("concurrency must be at least 1")
 

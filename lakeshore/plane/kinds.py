@@ -23,13 +23,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import InvalidRequest, QueueMismatch
-from .model import Invocation, QueueSpec
+from .model import Invocation, QueueSpec, RetryPolicy
 from .ordering import KINDS
 
 __all__ = [
     "BOLTZMANN_CANDIDATES",
     "anneal_origin",
     "boltzmann_order",
+    "check_queue_name",
+    "check_retry",
     "check_settings",
     "comparable",
     "running_cap",
@@ -45,13 +47,37 @@ _ANNEAL_KEYS = {"schedule", "rate", "min_temperature", "per", "origin"}
 _DEFAULT_FLOOR = 0.01
 
 
-def validate_spec(spec: QueueSpec) -> None:
-    """Raise :class:`InvalidRequest` for settings the plane cannot honour."""
-    if not isinstance(spec.name, str) or not _NAME.fullmatch(spec.name):
+def check_queue_name(name: object) -> None:
+    """Raise :class:`InvalidRequest` unless ``name`` can name a queue."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise InvalidRequest(
-            f"queue name {spec.name!r} must be 1-256 letters, digits and . _ : - "
+            f"queue name {name!r} must be 1-256 letters, digits and . _ : - "
             "(starting with a letter or digit)"
         )
+
+
+def check_retry(retry: RetryPolicy | None) -> None:
+    """Raise :class:`InvalidRequest` for a retry policy no retry can follow."""
+    if retry is None:
+        return
+    if isinstance(retry.max, bool) or not isinstance(retry.max, int) or retry.max < 0:
+        raise InvalidRequest("retry.max must be a whole number >= 0")
+    for name in ("backoff", "max_backoff"):
+        value = getattr(retry, name)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok or not math.isfinite(value) or value < 0:
+            raise InvalidRequest(f"retry.{name} must be a finite number of seconds >= 0")
+
+
+def validate_spec(spec: QueueSpec) -> None:
+    """Raise :class:`InvalidRequest` for settings the plane cannot honour."""
+    check_queue_name(spec.name)
+    if spec.retry is not None:
+        try:
+            policy = RetryPolicy(**spec.retry)
+        except TypeError as exc:
+            raise InvalidRequest(f"retry: {exc}") from None
+        check_retry(policy)
     if spec.kind not in KINDS:
         raise InvalidRequest(
             f"unknown queue kind {spec.kind!r}; expected one of {', '.join(KINDS)}"

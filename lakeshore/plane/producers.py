@@ -13,6 +13,7 @@ from ..errors import IdempotencyConflict, InvalidRequest, UnknownInvocation
 from .base import PlaneBase
 from .changes import LOOK_AGAIN
 from .ids import nameable
+from .kinds import check_retry
 from .model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
 from .ordering import order_key
 
@@ -323,3 +324,4 @@ def _validate_submission(sub: Submission) -> None:
         raise InvalidRequest("delay must be a finite number of seconds >= 0")
     if sub.timeout is not None and not math.isfinite(sub.timeout):
         raise InvalidRequest("timeout must be a finite number of seconds")
+    check_retry(sub.retry)

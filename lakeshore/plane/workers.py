@@ -15,7 +15,13 @@ from ..errors import InvalidRequest, LeaseLost, UnknownInvocation
 from ..progress import MAX_MESSAGE
 from .base import PlaneBase, Update
 from .changes import LOOK_AGAIN
-from .kinds import BOLTZMANN_CANDIDATES, boltzmann_order, running_cap, temperature
+from .kinds import (
+    BOLTZMANN_CANDIDATES,
+    boltzmann_order,
+    check_queue_name,
+    running_cap,
+    temperature,
+)
 from .model import Claim, HeartbeatAnswer, Invocation, LogEntry, QueueSpec, State
 
 __all__ = ["WorkerOps"]
@@ -43,6 +49,8 @@ class WorkerOps(PlaneBase):
         """
         if limit < 1:
             raise InvalidRequest("claim limit must be at least 1")
+        for name in queues:
+            check_queue_name(name)  # (a misspelt queue is said, not waited on forever)
         deadline = time.monotonic() + max(0.0, wait)
         seen: int | None = None
         owed: frozenset[str] | None = None  # (a wake the last look took: see Look)
