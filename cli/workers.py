@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..heap import keep_freed_memory
+from ..plane.daemons import MAX_CONCURRENCY
 from ..plane.model import DaemonRecord
 from .common import JsonOpt, PlaneOpt, TokenOpt, UrlOpt, emit, open_plane, when
 
@@ -24,7 +25,10 @@ ImportOpt = Annotated[
     list[str] | None,
     typer.Option("--import", help="A module each job process imports first (repeat)."),
 ]
-ConcurrencyOpt = Annotated[int, typer.Option(min=1, help="Jobs run at once (one process each).")]
+ConcurrencyOpt = Annotated[
+    int,
+    typer.Option(min=1, max=MAX_CONCURRENCY, help="Jobs run at once (one process each)."),
+]
 LeaseOpt = Annotated[float, typer.Option(min=1.0, help="Lease seconds (heartbeats every third).")]
 
 
@@ -114,7 +118,7 @@ def daemon_update(
     daemon_id: Annotated[str, typer.Argument(help="The daemon's id (see daemon ls).")],
     add_queue: Annotated[list[str] | None, typer.Option("--add-queue")] = None,
     remove_queue: Annotated[list[str] | None, typer.Option("--remove-queue")] = None,
-    concurrency: Annotated[int | None, typer.Option(min=1)] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, max=MAX_CONCURRENCY)] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     plane: PlaneOpt = None,

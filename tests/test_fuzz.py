@@ -881,7 +881,8 @@ def test_values_no_store_can_hold_are_4xx_and_change_nothing(
     check_answer(world, before, reply)
 
 
-#: bodies naming a queue no queue can be called, or a retry no retry can follow
+#: bodies naming a queue no queue can be called, a retry no retry can follow, or more
+#: job slots than a daemon may have
 BAD_NAMES_AND_RETRIES: list[Any] = [
     pytest.param(
         "POST", "/v1/claims", {"queues": ["bad/name"], "worker": "w"}, "queue name", id="claim"
@@ -899,6 +900,13 @@ BAD_NAMES_AND_RETRIES: list[Any] = [
         {"add_queues": ["bad/name"]},
         "queue name",
         id="add a queue to a daemon",
+    ),
+    pytest.param(
+        "PATCH",
+        "/v1/daemons/{daemon}",
+        {"concurrency": 100_000},
+        "concurrency must be 1 to 10000",
+        id="a daemon's concurrency past the most",
     ),
     pytest.param(
         "POST",
@@ -925,7 +933,7 @@ BAD_NAMES_AND_RETRIES: list[Any] = [
 
 
 @pytest.mark.parametrize(("method", "template", "body", "named"), BAD_NAMES_AND_RETRIES)
-def test_bad_queue_names_and_retries_are_400_wherever_they_come(
+def test_bad_queue_names_retries_and_concurrency_are_400_wherever_they_come(
     world: World, method: str, template: str, body: Any, named: str
 ) -> None:
     # Given a body naming a queue that cannot exist, or a backoff no retry can wait

@@ -627,8 +627,6 @@ class Service(WorkerRoutes):
             isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 100 for p in protocols
         ):
             raise InvalidRequest("pickle_protocols must be small whole numbers")
-        if not 1 <= body.get("concurrency", 1) <= 10_000:
-            raise InvalidRequest("concurrency must be 1 to 10000")
         for name in queues:
             ident.check_queue(name)
         if body.get("id") and not ident.unscoped:

@@ -16,7 +16,15 @@ from .base import PlaneBase
 from .kinds import check_queue_name
 from .model import DaemonRecord
 
-__all__ = ["DaemonOps"]
+__all__ = ["MAX_CONCURRENCY", "DaemonOps"]
+
+#: the most job slots a daemon may be given
+MAX_CONCURRENCY = 10_000
+
+
+def _check_concurrency(concurrency: int) -> None:
+    if isinstance(concurrency, bool) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise InvalidRequest(f"concurrency must be 1 to {MAX_CONCURRENCY}")
 
 
 class DaemonOps(PlaneBase):
@@ -34,6 +42,7 @@ class DaemonOps(PlaneBase):
         """Register (or re-register) a daemon; return the record it should follow."""
         for queue in queues:
             check_queue_name(queue)
+        _check_concurrency(concurrency)
         now = self.clock.now()
         daemon_id = daemon_id or f"d-{secrets.token_hex(6)}"
 
@@ -44,7 +53,7 @@ class DaemonOps(PlaneBase):
                 name=name,
                 host=host or (old.host if old else ""),
                 queues=list(old.queues) if old else [str(q) for q in queues],
-                concurrency=old.concurrency if old else max(1, int(concurrency)),
+                concurrency=old.concurrency if old else concurrency,
                 python=python or (old.python if old else ""),
                 pickle_protocols=[int(p) for p in protocols],
                 registered_at=old.registered_at if old else now,
@@ -103,8 +112,8 @@ class DaemonOps(PlaneBase):
             raise InvalidRequest("queues must be names")
         for queue in add_queues:
             check_queue_name(queue)
-        if concurrency is not None and concurrency < 1:
-            raise InvalidRequest("concurrency must be at least 1")
+        if concurrency is not None:
+            _check_concurrency(concurrency)
 
         def update(rec: DaemonRecord) -> None:
             queues = [q for q in rec.queues if q not in remove_queues]
