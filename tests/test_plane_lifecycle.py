@@ -18,6 +18,7 @@ from support import wait_for
 
 from dreamlake.lakeshore.clock import FakeClock
 from dreamlake.lakeshore.errors import (
+    Conflict,
     IdempotencyConflict,
     InvalidRequest,
     LeaseLost,
@@ -1095,9 +1096,18 @@ def test_set_priority_is_refused_for_a_running_invocation(plane: Plane) -> None:
     plane.ensure_queue(QueueSpec("urgent", kind="priority"))
     submit(plane, queue="urgent", priority=1)
     assert plane.claim(["urgent"], "w1")
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(Conflict, match="is running; only pending ones move"):
         plane.set_priority("job-1", 9)
     assert plane.get("job-1").priority == 1
+
+
+def test_retry_is_refused_as_a_conflict_unless_the_invocation_failed(plane: Plane) -> None:
+    # Given a pending invocation (a request fine once it has failed: out of order now)
+    submit(plane)
+    # When it is retried, then it is a conflict (409), and it stays as it was
+    with pytest.raises(Conflict, match="is pending; only failed or dead ones retry"):
+        plane.retry("job-1")
+    assert plane.get("job-1").attempt == 0
 
 
 @pytest.mark.parametrize("priority", [math.nan, math.inf], ids=["nan", "inf"])

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import IdempotencyConflict, InvalidRequest, UnknownInvocation
+from ..errors import Conflict, IdempotencyConflict, InvalidRequest, UnknownInvocation
 from .base import PlaneBase
 from .changes import LOOK_AGAIN
 from .ids import nameable
@@ -263,7 +263,7 @@ class ProducerOps(PlaneBase):
         while True:
             rec = self.get(inv_id)
             if rec.state not in (State.FAILED, State.DEAD):
-                raise InvalidRequest(
+                raise Conflict(  # (out of order: a request fine in another state)
                     f"invocation {inv_id!r} is {rec.state.value}; only failed or dead ones retry"
                 )
             if rec.payload is None:
@@ -293,7 +293,7 @@ class ProducerOps(PlaneBase):
         while True:
             rec = self.get(inv_id)
             if rec.state is not State.PENDING:
-                raise InvalidRequest(
+                raise Conflict(
                     f"invocation {inv_id!r} is {rec.state.value}; only pending ones move"
                 )
             spec = self.get_queue(rec.queue)
