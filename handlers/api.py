@@ -283,7 +283,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
 
     def blob_access(method: str, digest: str) -> None:
         if not is_digest(digest):
-            raise InvalidRequest("a blob is named by its sha256 (64 hex digits)")
+            raise InvalidRequest("a blob is named by its sha256 (64 lower-case hex digits)")
         if service.check_signature(method, digest, query()):
             return
         if "sig" in query():
@@ -348,7 +348,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
     @route("GET", "/v1/blobs/{digest}/url")
     def blob_url(ident: Identity, digest: str) -> dict[str, Any]:
         if not is_digest(digest):
-            raise InvalidRequest("a blob is named by its sha256 (64 hex digits)")
+            raise InvalidRequest("a blob is named by its sha256 (64 lower-case hex digits)")
         return service.blob_url(ident, digest)
 
     # --- data keys -------------------------------------------------------------------------

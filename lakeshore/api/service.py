@@ -452,7 +452,9 @@ class Service(WorkerRoutes):
             or len(ids) > self.limits.max_batch * 20
             or not all(isinstance(i, str) for i in ids)
         ):
-            raise InvalidRequest(f"ids must hold 1 to {self.limits.max_batch * 20} invocation ids")
+            raise InvalidRequest(
+                f"ids must hold 1 to {self.limits.max_batch * 20} invocation ids, each a string"
+            )
         if not ident.unscoped:  # (a wait on thousands of ids must not read them twice)
             for rec in self.plane.get_many(ids):
                 ident.check_queue(rec.queue)
