@@ -1,4 +1,4 @@
-"""``lakeshore queues add|ls|show|rm|prune``."""
+"""``lakeshore queues add|ls|show|pause|resume|rm|prune``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
+from ..dashboard.flags import PauseFlags
+from ..dispatch import Dispatch
+from ..plane import Plane
 from ..plane.model import QueueSpec
 from .common import JsonOpt, PlaneOpt, TokenOpt, UrlOpt, duration, emit, fail, open_plane, when
 
@@ -63,7 +66,7 @@ def ls(
 ) -> None:
     """Queues with their kind, counts by state and last activity."""
     with open_plane(url, token, plane) as dp:
-        _print(dp.queues(), as_json)
+        _print(_with_pauses(dp, dp.queues()), as_json)
 
 
 @queues_app.command("show")
@@ -79,16 +82,49 @@ def show(
         found = [q for q in dp.queues() if q["spec"].name == name]
         if not found:
             raise fail(f"no queue {name!r}")
-        q = found[0]
+        (q,) = _with_pauses(dp, found)
         if as_json:
             emit([{**q, "spec": q["spec"]}], [], as_json=True)
             return
         for key, value in {"name": name, **q["spec"].settings()}.items():
             if value is not None:
                 typer.echo(f"{key:>16}: {value}")
+        typer.echo(f"{'paused':>16}: {'yes' if q['paused'] else 'no'}")
         typer.echo(f"{'last activity':>16}: {when(q['last_activity'])}")
         for state, n in q["counts"].items():
             typer.echo(f"{state:>16}: {n}")
+
+
+def _pause(name: str, paused: bool, url: str | None, token: str | None, plane: Any) -> None:
+    with open_plane(url, token, plane) as dp:
+        if isinstance(dp.transport, Plane):  # (a plane file: the flag its servers read)
+            dp.transport.get_queue(name)  # (no such queue: QueueNotFound)
+            PauseFlags(dp.transport).set_paused(name, paused)
+        else:
+            dp.transport.update_queue(name, paused=paused)
+    typer.echo(f"{'paused' if paused else 'resumed'} queue {name}")
+
+
+@queues_app.command("pause")
+def pause(
+    name: Annotated[str, typer.Argument()],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    plane: PlaneOpt = None,
+) -> None:
+    """Hold back a queue's work from workers (it still takes submits) until resumed."""
+    _pause(name, True, url, token, plane)
+
+
+@queues_app.command("resume")
+def resume(
+    name: Annotated[str, typer.Argument()],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    plane: PlaneOpt = None,
+) -> None:
+    """Hand a paused queue's work to workers again."""
+    _pause(name, False, url, token, plane)
 
 
 @queues_app.command("rm")
@@ -121,6 +157,15 @@ def prune(
         typer.echo(f"pruned {len(removed)} queue(s){': ' + ', '.join(removed) if removed else ''}")
 
 
+def _with_pauses(dp: Dispatch, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with ``paused`` (as a plane served over HTTP answers it; read from the
+    flags on a plane file)."""
+    if isinstance(dp.transport, Plane):
+        held = PauseFlags(dp.transport).paused(q["spec"].name for q in rows)
+        return [{**q, "paused": q["spec"].name in held} for q in rows]
+    return [{**q, "paused": bool(q.get("paused"))} for q in rows]
+
+
 def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
     def count(state: str) -> Any:
         return lambda q: q["counts"].get(state, 0)
@@ -130,12 +175,14 @@ def _print(rows: list[dict[str, Any]], as_json: bool) -> None:
         [
             ("queue", lambda q: q["spec"].name),
             ("kind", lambda q: q["spec"].kind),
+            ("paused", lambda q: "paused" if q.get("paused") else ""),
             ("pending", count("pending")),
             ("scheduled", count("scheduled")),
             ("running", count("running")),
             ("succeeded", count("succeeded")),
             ("failed", count("failed")),
             ("dead", count("dead")),
+            ("cancelled", count("cancelled")),
             ("last activity", lambda q: when(q["last_activity"])),
         ],
         as_json=as_json,

@@ -11,7 +11,7 @@ import typer
 from ..heap import keep_freed_memory
 from ..plane.daemons import MAX_CONCURRENCY
 from ..plane.model import DaemonRecord
-from .common import JsonOpt, PlaneOpt, TokenOpt, UrlOpt, emit, open_plane, when
+from .common import JsonOpt, PlaneOpt, TokenOpt, UrlOpt, emit, fail, open_plane, when
 
 __all__ = ["daemon_app", "worker_app"]
 
@@ -155,6 +155,21 @@ def daemon_drain(
     """Ask a daemon to finish its running jobs, claim no more, and exit."""
     with open_plane(url, token, plane) as dp:
         _print_daemons([dp.transport.drain_daemon(daemon_id)], as_json)
+
+
+@daemon_app.command("rm")
+def daemon_rm(
+    daemon_id: Annotated[str, typer.Argument()],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    plane: PlaneOpt = None,
+) -> None:
+    """Forget a daemon that is gone for good (one shown as silent). A daemon still
+    running registers again at its next heartbeat: drain it first."""
+    with open_plane(url, token, plane) as dp:
+        if not dp.transport.remove_daemon(daemon_id):
+            raise fail(f"no daemon {daemon_id!r}")
+    typer.echo(f"removed daemon {daemon_id}")
 
 
 def _print_daemons(rows: Sequence[DaemonRecord], as_json: bool, now: float | None = None) -> None:

@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.cli.app import app
+from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.worker.pool import ProcessWorker
 
 HERE = Path(__file__).resolve().parent
@@ -99,6 +100,64 @@ def test_queue_verbs(plane: str) -> None:
     assert json.loads(run("queues", "ls", "--plane", plane, "--json")[1]) == []
     code, out = run("queues", "prune", "--older-than", "soon", "--plane", plane)
     assert code == 2 and "not a duration" in out
+
+
+def test_pause_and_resume_hold_a_served_queue_and_ls_shows_it(served: LocalServer) -> None:
+    # Given a call on a queue of a plane served over HTTP
+    login = ["--url", served.url, "--token", str(served.admin_token)]
+    with dls.Dispatch(served.url, token=served.admin_token) as dp:
+        inv = dls.SyncQueue("held", dispatch=dp).submit(slow_square, 3, 0)
+        # When the queue is paused from the command line
+        assert run("queues", "pause", "held", *login) == (0, "paused queue held\n")
+        # Then the listing says so, and a worker's claim gets none of its work
+        (row,) = json.loads(run("queues", "ls", *login, "--json")[1])
+        assert (row["paused"], row["counts"]["pending"]) == (True, 1)
+        assert "paused: yes" in run("queues", "show", "held", *login)[1]
+        assert dp.transport.claim(["held"], "w", wait=0) == []
+        # and once resumed, it does
+        assert run("queues", "resume", "held", *login) == (0, "resumed queue held\n")
+        assert [c.id for c in dp.transport.claim(["held"], "w", wait=5)] == [inv]
+    # and a queue that does not exist cannot be paused
+    code, out = run("queues", "pause", "nowhere", *login)
+    assert code == 1 and "queue_not_found" in out
+
+
+def test_a_plane_files_pause_flag_is_the_one_its_servers_read(plane: str) -> None:
+    # Given a queue on a plane file, paused from the command line
+    with dls.Dispatch(plane) as dp:
+        dls.SyncQueue("filed", dispatch=dp).submit(slow_square, 1, 0)
+    assert run("queues", "pause", "filed", "--plane", plane)[0] == 0
+    # Then its listing shows it paused (and a cancelled column), as a server on the file
+    # reads it
+    head, row = (
+        line
+        for line in run("queues", "ls", "--plane", plane)[1].splitlines()
+        if "│" in line or "┃" in line
+    )
+    assert "cancelled" in head and "paused" in row
+    server = LocalServer(Path(plane))
+    server.start()
+    try:
+        with dls.Dispatch(server.url, token=server.admin_token) as dp:
+            (row,) = [q for q in dp.queues() if q["spec"].name == "filed"]
+            assert row["paused"] is True
+    finally:
+        server.stop()
+    assert run("queues", "resume", "filed", "--plane", plane)[0] == 0
+    (row,) = json.loads(run("queues", "ls", "--plane", plane, "--json")[1])
+    assert row["paused"] is False
+
+
+def test_daemon_rm_forgets_a_daemon_and_says_when_there_is_none(plane: str) -> None:
+    # Given a daemon record left by a daemon gone for good
+    with dls.Dispatch(plane) as dp:
+        gone = dp.transport.register_daemon("gone", queues=["q"]).id
+    # When it is removed, then it is gone from the list
+    assert run("daemon", "rm", gone, "--plane", plane) == (0, f"removed daemon {gone}\n")
+    assert json.loads(run("daemon", "ls", "--plane", plane, "--json")[1]) == []
+    # and removing it again says there is none
+    code, out = run("daemon", "rm", gone, "--plane", plane)
+    assert code == 1 and "no daemon" in out
 
 
 def test_tables_never_cut_what_other_commands_take(plane: str) -> None:

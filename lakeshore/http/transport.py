@@ -200,6 +200,7 @@ class HttpTransport(Session):
                 "spec": queue_spec(q),
                 "last_activity": q.get("last_activity"),
                 "counts": queue_counts(q.get("counts")),
+                "paused": bool(q.get("paused")),
             }
             for q in self._call("GET", "/v1/queues")["queues"]
         ]
