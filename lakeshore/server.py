@@ -88,6 +88,10 @@ INLINE_BODY = 64 * 1024
 UPLOAD_SLICE = 1024 * 1024
 #: seconds a blob transfer may go without a byte moving before it is cut
 TRANSFER_IDLE = 60.0
+#: seconds a request begun and not ended (its head or its body still arriving) may go
+#: without a byte before it is answered 408 and its connection closed (see _protocol; a
+#: blob upload's body is bounded by TRANSFER_IDLE instead)
+REQUEST_IDLE = 60.0
 #: a waiting request with a body up to this many bytes is parked on the event loop (a
 #: wait on many ids, costlier to look at again on each change, keeps its own thread)
 PARK_BODY = 4096
@@ -413,6 +417,8 @@ class PlaneASGI:
             return
         body = await self._read_body(headers, receive)
         answer: Answer
+        if isinstance(body, tuple):  # _GONE: its client hung up, or the protocol cut it
+            return
         if body is None:
             answer = _error_response(
                 413,
@@ -906,8 +912,13 @@ class PlaneASGI:
             scope.get("client"),
         )
 
-    async def _read_body(self, headers: Mapping[str, str], receive: Receive) -> bytes | None:
-        """The whole body, or None when it is over the limit (then left unread)."""
+    async def _read_body(
+        self, headers: Mapping[str, str], receive: Receive
+    ) -> bytes | Answer | None:
+        """The whole body, or None when it is over the limit (then left unread), or
+        :data:`_GONE` when the connection ends before the body does (a client that hung
+        up, or one whose body stopped arriving, answered 408 by the protocol): a body cut
+        short is never resolved."""
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body:
             return None
@@ -917,7 +928,7 @@ class PlaneASGI:
         while more:
             message = await receive()
             if message["type"] != "http.request":
-                break  # the client went away; answer into the void
+                return _GONE
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
@@ -1088,7 +1099,17 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
     answered, ``Expect: 100-continue``, a chunked body, a proxy's forwarding headers)
     goes through uvicorn and the ASGI app as before, and so does a pipelined burst past
     its first request in one read, and a connection whose client is slow to read. Not
-    used with the access log on (uvicorn writes it per cycle)."""
+    used with the access log on (uvicorn writes it per cycle).
+
+    With or without ``app``, a request whose head or body stops arriving is answered
+    ``408 timeout`` and its connection closed once its client has sent nothing for
+    :data:`REQUEST_IDLE` seconds, on the lane and through ASGI alike (a blob upload's
+    body is left to :meth:`PlaneASGI._upload`, bounded by :data:`TRANSFER_IDLE`). The
+    timer costs nothing on a request that arrives in one read: it is armed only when a
+    read ends inside a request, and only once per connection (later reads stamp the
+    time); it waits while the server is not reading (flow control) or a request ahead is
+    still being answered. A keep-alive connection between requests is not in a request:
+    uvicorn's keep-alive timeout bounds it."""
     import httptools
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -1098,6 +1119,12 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
         _lane_body: list[bytes]
         #: requests the lane took from the bytes being read now (see _LANE_PER_READ)
         _taken = 0
+        #: where the parser is: between requests (0), in a head (_HEAD), in a body (_BODY)
+        _reading = 0
+        #: the timer of a request begun and not ended (see _stalled), and the loop's time
+        #: of the last read that ended inside it
+        _stall: asyncio.TimerHandle | None = None
+        _heard = 0.0
 
         def send_400_response(self, msg: str) -> None:
             body = json.dumps({"error": {"code": "invalid_request", "message": msg}}).encode()
@@ -1111,14 +1138,27 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
         def data_received(self, data: bytes) -> None:
             self._taken = 0
             super().data_received(data)
+            if self._reading and not self.transport.is_closing():
+                # (a read that ends inside a request: its silence from now is bounded)
+                self._heard = self.loop.time()
+                if self._stall is None:
+                    self._stall = self.loop.call_later(REQUEST_IDLE, self._stalled)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
+            super().connection_lost(exc)
 
         def on_message_begin(self) -> None:
+            self._reading = _HEAD
             super().on_message_begin()
             # (a request in the segment of a short answer: that answer armed the
             # keep-alive timer, which must not cut this one)
             self._unset_keepalive_if_required()
 
         def on_headers_complete(self) -> None:
+            self._reading = _BODY
             if app is None or not self._take():
                 super().on_headers_complete()
 
@@ -1168,6 +1208,10 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
                 super().on_body(body)
 
         def on_message_complete(self) -> None:
+            self._reading = 0
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
             lane = self._lane
             if lane is None:
                 super().on_message_complete()
@@ -1192,6 +1236,61 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             task = self.loop.create_task(self._hold(method, held, hold))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)
+
+        def _stalled(self) -> None:
+            """The timer of a request begun and not ended: once its client has sent
+            nothing for :data:`REQUEST_IDLE` seconds, it is answered 408 and the
+            connection closed; until then, armed again for what is left."""
+            self._stall = None
+            reading = self._reading
+            if not reading or self.transport.is_closing():
+                return
+            now = self.loop.time()
+            cycle = self.cycle
+            if self.flow.read_paused:
+                self._heard = now  # (the server is not reading: not the client's silence)
+            elif self.pipeline or (
+                reading == _HEAD and cycle is not None and not cycle.response_complete
+            ):
+                pass  # (a request ahead is still being answered: its answer goes first)
+            elif (
+                reading == _BODY
+                and self._lane is None
+                and cycle is not None
+                and not cycle.response_started
+                and _streamed(cycle.scope["method"], cycle.scope["path"])
+            ):
+                return  # (a blob upload: PlaneASGI._upload bounds it, by TRANSFER_IDLE)
+            elif now - self._heard >= REQUEST_IDLE:
+                self._cut(reading)
+                return
+            left = self._heard + REQUEST_IDLE - now
+            self._stall = self.loop.call_later(left if left > 0 else REQUEST_IDLE, self._stalled)
+
+        def _cut(self, reading: int) -> None:
+            """Answer the request whose head or body stopped arriving 408, and close
+            the connection (a request the app has begun to answer is only closed)."""
+            self._reading = 0
+            method = ""
+            lane = self._lane
+            cycle = self.cycle
+            if lane is not None:  # (the lane's body: never handed over)
+                self._lane = None
+                self._lane_body = []
+                method = lane[0]
+            elif reading == _BODY and cycle is not None:
+                method = cycle.scope["method"]
+                if cycle.response_started:  # (answered before its body came: a 413)
+                    self.transport.close()
+                    return
+                # its app, waiting on receive(), hears a hang-up (and answers nothing)
+                cycle.disconnected = True
+                cycle.keep_alive = False
+                cycle.message_event.set()
+            what = "body" if reading == _BODY else "head"
+            reason = f"the request's {what} stopped arriving: nothing for {REQUEST_IDLE:g} s"
+            headers = _headers(self.headers or ())
+            self._answer(method, _error_response(408, "timeout", reason, headers), False)
 
         async def _hold(self, method: str, held: _Held, hold: Awaitable[Answer]) -> None:
             try:
@@ -1266,6 +1365,14 @@ class _Held:
 _LANE_PER_READ = 1
 #: request headers that keep a request off the short lane (see _protocol)
 _NOT_SHORT = frozenset({b"transfer-encoding", b"x-forwarded-for", b"x-forwarded-proto"})
+#: where a connection's parser is in a request (see _protocol): its head, its body
+_HEAD = 1
+_BODY = 2
+
+
+def _streamed(method: str, path: str) -> bool:
+    """Whether a request is a blob upload, whose body PlaneASGI streams (_upload)."""
+    return method == "PUT" and path.startswith(_BLOBS) and "/" not in path[len(_BLOBS) :]
 
 
 def _bind(host: str, port: int) -> socket.socket:
