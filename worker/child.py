@@ -40,6 +40,7 @@ from ..heap import keep_freed_memory
 from ..plane.model import Claim
 from ..wire import decode_payload
 from .execute import Outcome, read_unchecked
+from .lifeline import CommandGroups, die_with_parent
 from .pipes import Pipe
 
 __all__ = ["CHUNK", "child_main", "fn_of"]
@@ -113,9 +114,17 @@ def child_main(
     target: str,
     token: str | None,
     stop_flag: Any = None,
+    parent: int | None = None,
 ) -> None:
     """The job process's loop. ``stop_flag`` is the worker's shared stop flag (a
-    ``multiprocessing`` ``RawValue``; None: never set)."""
+    ``multiprocessing`` ``RawValue``; None: never set). ``parent``: the worker's pid; the
+    process and the command it runs then die with the worker (Linux, see
+    :mod:`.lifeline`; None: they do not)."""
+    if parent is not None:  # (first: the worker may be gone already)
+        die_with_parent(parent)
+        groups = CommandGroups.watched()
+    else:
+        groups = CommandGroups()
     import importlib
     import resource
 
@@ -200,6 +209,7 @@ def child_main(
             pipe.send(("out", job, stream, text))
 
         def on_spawn(pid: int, job: str = job) -> None:
+            groups.running(pid)
             pipe.send(("pgid", job, pid))
 
         def on_progress(
@@ -212,6 +222,7 @@ def child_main(
             outcome = executor.run(
                 claim, on_output=on_output, on_spawn=on_spawn, progress=on_progress
             )
+        groups.ended()
         out.flush()
         err.flush()
         out.job = err.job = None

@@ -31,7 +31,9 @@ them, heartbeats them, kills on timeout or cancel, and hands them back on a stop
 job process that claimed runs none of them once its worker stops: a flag the stop sets).
 
 A job that crashes (segfault, ``os._exit``) or leaks memory takes down its child only:
-the slot is respawned and the invocation failed (or retried by policy). Signals only
+the slot is respawned and the invocation failed (or retried by policy). A worker killed
+outright takes its job processes, and the commands they run, with it (Linux: see
+:mod:`.lifeline`; the main loop's thread starts them all). Signals only
 set flags: the first SIGINT/SIGTERM stops claiming and lets in-flight jobs finish
 (exit 0); the second kills them and hands their leases back untried.
 """
@@ -843,6 +845,10 @@ class ProcessWorker:
 
     # ------------------------------------------------------------------ slots
     def _spawn(self, slot: _Slot) -> None:
+        # Always from the thread that runs run() (its loop, or its start): a job process
+        # dies with the thread that started it (Linux, see lifeline.py), and this one
+        # outlives them all. Starting one from another thread (the fetcher, the
+        # heartbeat) would have it killed whenever that thread ended.
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=child_main,
@@ -853,6 +859,7 @@ class ProcessWorker:
                 self.dispatch.target,
                 self.dispatch.token,
                 self._stop_flag,
+                os.getpid(),
             ),
             name=f"lakeshore-slot-{slot.index}",
             daemon=True,
