@@ -1102,3 +1102,31 @@ def test_a_job_process_claim_that_goes_through_is_told_at_once(
     # Then the worker says so then, not when the fetcher next hears from the plane
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 and said[1].startswith("lakeshore worker: claims go through again")
+
+
+def test_an_outcome_the_plane_does_not_take_is_said_with_its_call(
+    remote: tuple[dls.Dispatch, dls.Dispatch],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from dreamlake.lakeshore.errors import Unauthorized
+
+    # Given a claimed call, and a plane that refuses the worker's token when it reports
+    producer, worker_dp = remote
+    q = dls.SyncQueue("lost", dispatch=producer)
+    inv = q.submit(square, 3)
+    (claim,) = worker_dp.transport.claim(["lost"], "w", limit=1, wait=5)
+
+    def revoked(*args: Any, **kwargs: Any) -> Any:
+        raise Unauthorized("this token was revoked")
+
+    monkeypatch.setattr(worker_dp.transport, "complete_many", revoked)
+    # When its result is reported
+    with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.worker"):
+        report_many(worker_dp, [(claim, Outcome(ok=True, result=encode_result(9)[0]))])
+    # Then the worker says which call's result was lost, why, and what happens to it
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert f"the result of 1 call(s) ({inv}) did not reach the plane" in said
+    assert "Unauthorized: this token was revoked" in said
+    assert "runs again once its lease runs out" in said
+    assert producer.transport.get(inv).state is State.RUNNING

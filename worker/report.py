@@ -3,7 +3,7 @@ are recorded, for the in-thread worker and the process worker alike."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +13,8 @@ from ..plane.model import Claim
 from .execute import Outcome
 
 __all__ = ["report", "report_many"]
+
+log = logging.getLogger("dreamlake.lakeshore.worker")
 
 
 def _manifest_error(keys: list[str], missing: list[str]) -> dict[str, Any]:
@@ -61,7 +63,7 @@ def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> No
     failed = [(c, o) for c, o in checked if not o.ok]
     transport = dispatch.transport
     if ok:
-        with contextlib.suppress(LakeshoreError):
+        try:
             ok, refused = _upload_results(dispatch, ok)
             failed += refused
             refusals = (
@@ -74,11 +76,30 @@ def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> No
                 for (c, _), refusal in zip(ok, refusals, strict=True)
                 if isinstance(refusal, InvalidRequest)
             ]
+        except LakeshoreError as exc:
+            _lost("result", ok, exc)
     if failed:
-        with contextlib.suppress(LakeshoreError):
+        try:
             transport.fail_many(
                 [(c.id, c.lease_token, o.error or {}, o.retryable) for c, o in failed]
             )
+        except LakeshoreError as exc:
+            _lost("failure", failed, exc)
+
+
+def _lost(what: str, items: Sequence[tuple[Claim, Outcome]], exc: LakeshoreError) -> None:
+    """Say which outcomes the plane did not take (away, or refusing the worker's token):
+    nothing else records them, and each call runs again once its lease runs out."""
+    ids = ", ".join(c.id for c, _ in items[:3]) + (", ..." if len(items) > 3 else "")
+    log.warning(
+        "lakeshore worker: the %s of %d call(s) (%s) did not reach the plane: %s: %s;"
+        " each runs again once its lease runs out",
+        what,
+        len(items),
+        ids,
+        type(exc).__name__,
+        exc,
+    )
 
 
 def _upload_results(
