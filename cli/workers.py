@@ -106,9 +106,25 @@ def daemon_start(
 
         def announce(rec: DaemonRecord) -> None:
             serving = ", ".join(rec.queues) or "no queue yet"
-            typer.echo(f"lakeshore daemon {rec.id} ({name}): serving {serving}", err=True)
+            line = f"lakeshore daemon {rec.id} ({name}): serving {serving}"
+            line += f" with {rec.concurrency} slot(s)"
+            given = (list(queue or rec.queues), concurrency)
+            if given != (rec.queues, rec.concurrency):  # (a restart: the plane's say)
+                line += (
+                    " (the plane's record: -q and --concurrency count at a first start;"
+                    " daemon update moves it)"
+                )
+            typer.echo(line, err=True)
 
-        done = daemon.run(announce)  # (registers with a signal's stop in place)
+        def changed(rec: DaemonRecord) -> None:
+            if rec.draining:
+                line = "draining: no more claims, exiting once running jobs finish"
+            else:
+                serving = ", ".join(rec.queues) or "no queue"
+                line = f"now serving {serving} with {rec.concurrency} slot(s)"
+            typer.echo(f"lakeshore daemon {rec.id}: {line}", err=True)
+
+        done = daemon.run(announce, changed)  # (registers with a signal's stop in place)
         assert daemon.record is not None
         typer.echo(f"lakeshore daemon {daemon.record.id}: stopped after {done} job(s)", err=True)
 

@@ -422,7 +422,8 @@ def test_daemon_update_adds_a_queue_to_a_running_daemon(plane: str, tmp_path: Pa
     env_home = {"LAKESHORE_HOME": str(tmp_path / "home")}
     os.environ.update(env_home)
     try:
-        daemon = spawn("daemon", "start", "--name", "box", "--plane", plane, "--heartbeat", "0.2")
+        start = ["daemon", "start", "--name", "box", "--plane", plane, "--heartbeat", "0.2"]
+        daemon = spawn(*start, stderr=subprocess.PIPE)
         try:
             with dls.Dispatch(plane) as dp:
                 wait_for(lambda: len(dp.transport.list_daemons()) == 1, timeout=30)
@@ -437,11 +438,25 @@ def test_daemon_update_adds_a_queue_to_a_running_daemon(plane: str, tmp_path: Pa
                 code, out = run("daemon", "ls", "--plane", plane, "--json")
                 assert json.loads(out)[0]["queues"] == ["new-work"]
                 assert run("daemon", "drain", rec.id, "--plane", plane)[0] == 0
-                assert daemon.wait(timeout=30) == 0
+                _, said = daemon.communicate(timeout=30)
+                assert daemon.returncode == 0
+                # it said what it followed: the new queue, then the drain
+                assert f"daemon {rec.id}: now serving new-work with 1 slot(s)" in said.decode()
+                assert f"daemon {rec.id}: draining: no more claims" in said.decode()
                 # a named daemon keeps its record (its identity) after it exits
                 assert [d.id for d in dp.transport.list_daemons()] == [rec.id]
+                # and started again with other options, it says the plane's record wins
+                again = spawn(*start, "-q", "other", "--concurrency", "2", stderr=subprocess.PIPE)
+                try:
+                    assert again.stderr is not None
+                    first = again.stderr.readline().decode()
+                    assert "serving new-work with 1 slot(s) (the plane's record" in first
+                finally:
+                    again.terminate()
+                    again.communicate(timeout=30)
         finally:
             daemon.kill()
+            daemon.communicate()
     finally:
         for key in env_home:
             os.environ.pop(key, None)

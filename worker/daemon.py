@@ -56,6 +56,7 @@ class Daemon:
         self.record: DaemonRecord | None = None
         self.worker: ProcessWorker | None = None
         self._stop = threading.Event()
+        self._changed: Callable[[DaemonRecord], None] | None = None
 
     @property
     def _id_file(self) -> Path:
@@ -88,9 +89,16 @@ class Daemon:
             host=socket.gethostname(),
         )
 
-    def run(self, announce: Callable[[DaemonRecord], None] | None = None) -> int:
+    def run(
+        self,
+        announce: Callable[[DaemonRecord], None] | None = None,
+        changed: Callable[[DaemonRecord], None] | None = None,
+    ) -> int:
         """Register (unless done already), serve until drained or signalled; return
-        jobs reported. ``announce`` is called with the record once registered."""
+        jobs reported. ``announce`` is called with the record once registered,
+        ``changed`` with each record a heartbeat brings whose queues, concurrency or
+        drain differ from the last (the daemon follows it)."""
+        self._changed = changed
         # A SIGINT/SIGTERM while registering (before there is a worker) is noted: the
         # worker then starts stopped and exits 0, instead of the process dying of the
         # signal. From the moment the worker exists, a signal goes straight to it (one
@@ -158,9 +166,16 @@ class Daemon:
                 continue
             except Exception:
                 continue  # the plane is away; keep serving what we have
-            self.record = rec
+            last, self.record = self.record, rec
             worker.set_queues(rec.queues)
             worker.set_concurrency(rec.concurrency)
+            if self._changed is not None and _followed(last) != _followed(rec):
+                self._changed(rec)
             if rec.draining:
                 worker.request_stop()
                 return
+
+
+def _followed(rec: DaemonRecord | None) -> tuple[object, ...]:
+    """What of a daemon's record it follows (a change of it is told)."""
+    return () if rec is None else (tuple(rec.queues), rec.concurrency, rec.draining)
