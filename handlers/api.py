@@ -167,6 +167,22 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
             apigw.request_body(event), apigw.header(event, "content-type"), limits.max_body
         )
 
+    def bodiless(
+        fn: Callable[[Identity, str], dict[str, Any]],
+    ) -> Callable[[Identity, str], dict[str, Any]]:
+        """``fn`` for a POST that takes no body: one with fields is refused (an empty
+        map is what clients send by habit: taken), as an unknown field anywhere is."""
+
+        def checked(ident: Identity, id: str) -> dict[str, Any]:
+            if apigw.request_body(app.current_event.raw_event):
+                given = body()
+                if given:
+                    names = ", ".join(sorted(str(k) for k in given)[:5])
+                    raise InvalidRequest(f"this route takes no body (given: {names})")
+            return fn(ident, id)
+
+        return checked
+
     def caller() -> Identity:
         return authenticate(
             service.plane, apigw.header(app.current_event.raw_event, "authorization")
@@ -263,8 +279,8 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
     route("PATCH", "/v1/invocations/{id}")(
         lambda ident, id: service.update_invocation(ident, id, body())
     )
-    route("POST", "/v1/invocations/{id}/cancel")(lambda ident, id: service.cancel(ident, id))
-    route("POST", "/v1/invocations/{id}/retry")(lambda ident, id: service.retry(ident, id))
+    route("POST", "/v1/invocations/{id}/cancel")(bodiless(service.cancel))
+    route("POST", "/v1/invocations/{id}/retry")(bodiless(service.retry))
     route("GET", "/v1/invocations/{id}/logs")(
         lambda ident, id: service.read_logs(ident, id, query())
     )
@@ -362,7 +378,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
         lambda ident, id: service.daemon_heartbeat(ident, id, body())
     )
     route("PATCH", "/v1/daemons/{id}")(lambda ident, id: service.update_daemon(ident, id, body()))
-    route("POST", "/v1/daemons/{id}/drain")(lambda ident, id: service.drain_daemon(ident, id))
+    route("POST", "/v1/daemons/{id}/drain")(bodiless(service.drain_daemon))
     route("DELETE", "/v1/daemons/{id}")(lambda ident, id: service.remove_daemon(ident, id))
 
     # --- tokens -------------------------------------------------------------------------------

@@ -902,6 +902,27 @@ BAD_NAMES_AND_RETRIES: list[Any] = [
         id="add a queue to a daemon",
     ),
     pytest.param(
+        "POST",
+        "/v1/invocations/{pending}/cancel",
+        {"reason": "x"},
+        "this route takes no body (given: reason)",
+        id="a cancel with a field",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/invocations/{failed}/retry",
+        {"now": True},
+        "this route takes no body",
+        id="a retry with a field",
+    ),
+    pytest.param(
+        "POST",
+        "/v1/daemons/{daemon}/drain",
+        {"force": True},
+        "this route takes no body",
+        id="a drain with a field",
+    ),
+    pytest.param(
         "PATCH",
         "/v1/daemons/{daemon}",
         {"concurrency": 100_000},
@@ -945,6 +966,22 @@ def test_bad_queue_names_retries_and_concurrency_are_400_wherever_they_come(
     # Then it is refused with a reason naming the field, and nothing stored changed
     assert reply.status == 400, reply.body
     assert named in reply.body["error"]["message"]
+    check_answer(world, before, reply)
+
+
+def test_bodiless_routes_take_an_empty_map_and_logs_refuse_a_negative_cursor(
+    world: World,
+) -> None:
+    # Given a cancel sent with an empty map (what clients send by habit)
+    cancel = _path("/v1/invocations/{pending}/cancel", world.ids, None)
+    reply = send(world, "POST", cancel, _mp({}), MP, world.tokens["admin"])
+    # Then it is taken
+    assert (reply.status, reply.body["state"]) == (200, "cancelled")
+    # and a logs cursor below zero is refused with a reason
+    logs = _path("/v1/invocations/{running}/logs", world.ids, None)
+    before = snapshot(world.plane)
+    reply = send(world, "GET", logs, b"", MP, world.tokens["admin"], "after=-1")
+    assert reply.status == 400 and "after must be" in reply.body["error"]["message"]
     check_answer(world, before, reply)
 
 

@@ -501,6 +501,8 @@ class Service(WorkerRoutes):
             raise InvalidRequest("after and limit must be whole numbers") from None
         if not 1 <= limit <= 10_000:
             raise InvalidRequest("limit must be 1 to 10000")
+        if after < 0:
+            raise InvalidRequest("after must be a sequence number >= 0")
         entries = self.plane.read_logs(inv_id, after, limit)
         rec = self.plane.get(inv_id)
         return {
