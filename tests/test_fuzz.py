@@ -902,6 +902,13 @@ BAD_NAMES_AND_RETRIES: list[Any] = [
         id="add a queue to a daemon",
     ),
     pytest.param(
+        "PATCH",
+        "/v1/queues/{name}",
+        {"temperature": 0.3},
+        "temperature applies to boltzmann queues, not fifo ones",
+        id="a fifo queue's temperature",
+    ),
+    pytest.param(
         "POST",
         "/v1/invocations/{pending}/cancel",
         {"reason": "x"},

@@ -28,8 +28,10 @@ from .ordering import KINDS
 
 __all__ = [
     "BOLTZMANN_CANDIDATES",
+    "KIND_ONLY",
     "anneal_origin",
     "boltzmann_order",
+    "check_kind_settings",
     "check_queue_name",
     "check_retry",
     "check_settings",
@@ -54,6 +56,25 @@ def check_queue_name(name: object) -> None:
             f"queue name {name!r} must be 1-256 letters, digits and . _ : - "
             "(starting with a letter or digit)"
         )
+
+
+#: settings only some kinds of queue follow, and those kinds
+KIND_ONLY: dict[str, frozenset[str]] = {
+    "priority_field": frozenset({"priority", "boltzmann"}),
+    "temperature": frozenset({"boltzmann"}),
+    "anneal": frozenset({"boltzmann"}),
+}
+
+
+def check_kind_settings(kind: str, settings: Iterable[str]) -> None:
+    """Raise :class:`InvalidRequest` for a setting given that a queue of ``kind`` does
+    not follow (a temperature for a fifo queue would be stored and do nothing)."""
+    for name in settings:
+        kinds = KIND_ONLY.get(name)
+        if kinds is not None and kind not in kinds:
+            raise InvalidRequest(
+                f"{name} applies to {' and '.join(sorted(kinds))} queues, not {kind} ones"
+            )
 
 
 def check_retry(retry: RetryPolicy | None) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import InvalidRequest, QueueNotFound
 from .base import PlaneBase
-from .kinds import anneal_origin, check_settings, validate_spec
+from .kinds import anneal_origin, check_kind_settings, check_settings, validate_spec
 from .model import QueueSpec, State
 
 __all__ = ["QueueOps"]
@@ -65,6 +65,7 @@ class QueueOps(PlaneBase):
         if unknown:
             raise InvalidRequest(f"unknown queue settings: {', '.join(sorted(unknown))}")
         new = QueueSpec(name=name, **{**spec.settings(), **settings})
+        check_kind_settings(new.kind, settings)
         validate_spec(new)
         now = self.clock.now()
         if "anneal" in settings or "temperature" in settings:
