@@ -194,7 +194,8 @@ def logs(
 
 @invocations_app.command("ls")
 def ls(
-    queue: Annotated[str, typer.Option("--queue", "-q")],
+    name: Annotated[str | None, typer.Argument(help="The queue (or --queue).")] = None,
+    queue: Annotated[str | None, typer.Option("--queue", "-q")] = None,
     state: Annotated[str | None, typer.Option(help="Only this state.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
     after: Annotated[
@@ -206,9 +207,11 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """A queue's invocations, oldest first, a page of --limit at a time."""
+    if (name is None) == (queue is None) or (name or queue) == "":
+        raise fail("name the queue, as an argument or with --queue (one of them)", 2)
     with open_plane(url, token, plane) as dp:
         now = dp.transport.now()
-        found = dp.transport.list_invocations(queue, state, after, limit)
+        found = dp.transport.list_invocations(name or queue or "", state, after, limit)
         rows = [_view(r, now) for r in found]
         if len(found) == limit and not as_json:  # (said on stderr: stdout stays the table)
             typer.echo(f"({limit} shown; the next page: --after {found[-1].id})", err=True)

@@ -329,6 +329,12 @@ def test_invocations_ls_says_when_there_is_another_page(plane: str) -> None:
     # and a last page that is not full says nothing more
     code, out = run("invocations", "ls", "-q", "many", "--limit", "9", "--plane", plane)
     assert code == 0 and "next page" not in out
+    # the queue may be named as an argument too (as queues show takes it), not both
+    named = run("invocations", "ls", "many", "--plane", plane, "--json")
+    assert named[0] == 0 and [r["id"] for r in json.loads(named[1])] == ids
+    code, out = run("invocations", "ls", "many", "-q", "many", "--plane", plane)
+    assert code == 2 and "one of them" in out
+    assert run("invocations", "ls", "--plane", plane)[0] == 2
 
 
 # --- workers and daemons as processes ----------------------------------------------------------
