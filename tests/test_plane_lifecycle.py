@@ -1664,3 +1664,16 @@ def test_a_claim_on_another_queue_than_the_submit_still_gets_its_work(plane: Pla
     submit(plane, "job-2", queue="other")
     threads[0].join(5)
     assert [c.id for c in got["other"]] == ["job-2"]
+
+
+def test_a_queue_stored_with_a_retry_now_refused_still_takes_other_updates(
+    plane: Plane,
+) -> None:
+    # Given a queue whose stored retry backoff is below zero (taken before the check)
+    plane.store.put_queue(QueueSpec("old", retry={"max": 1, "backoff": -1.0}), plane.now())
+    # When another of its settings changes, then that is taken
+    updated = plane.update_queue("old", elasticity={"kind": "fixed", "max": 2})
+    assert updated.elasticity == {"kind": "fixed", "max": 2}
+    # while a retry given now is checked
+    with pytest.raises(InvalidRequest, match=r"retry\.backoff"):
+        plane.update_queue("old", retry={"max": 1, "backoff": -2.0})

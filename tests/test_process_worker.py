@@ -1069,14 +1069,17 @@ def test_claims_failing_for_long_are_told_again_at_the_reminder_or_a_new_reason(
         # Given claims failing for one reason, again within the reminder's interval
         failing.failed("Unavailable: cannot reach the plane")
         failing.failed("Unavailable: cannot reach the plane")
-        # then for another (the plane back, the token revoked meanwhile)
+        # then for another (the plane back, the token revoked meanwhile), and the two
+        # alternating within the interval
+        failing.failed("Forbidden: token revoked")
+        failing.failed("Unavailable: cannot reach the plane")
         failing.failed("Forbidden: token revoked")
         # and on past the interval
         monkeypatch.setattr(pool, "_FAILING_REMINDER", 0.0)
         failing.failed("Forbidden: token revoked")
         failing.answered()
         failing.answered()  # (said once)
-    # Then the first, the new reason at once, the reminder and the return are told
+    # Then the first, the new reason at once (once), the reminder and the return are told
     said = [r.getMessage() for r in caplog.records]
     assert said[0] == (
         "lakeshore worker: a claim failed: Unavailable: cannot reach the plane; retrying"
@@ -1128,5 +1131,5 @@ def test_an_outcome_the_plane_does_not_take_is_said_with_its_call(
     (said,) = [r.getMessage() for r in caplog.records]
     assert f"the result of 1 call(s) ({inv}) did not reach the plane" in said
     assert "Unauthorized: this token was revoked" in said
-    assert "runs again once its lease runs out" in said
+    assert "the plane hands each on when its lease runs out" in said
     assert producer.transport.get(inv).state is State.RUNNING

@@ -584,6 +584,34 @@ def test_the_sweeper_hands_an_expired_lease_back(
     assert_allowed(stack.faults.calls, template, stack.resources)
 
 
+def test_the_sweeper_counts_an_attempt_it_fails_past_its_timeout(
+    stack: Stack,
+    template: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Given a call with a 1 s timeout claimed long ago (its worker silent since)
+    old = stack.plane(FakeClock(T0))
+    old.ensure_queue(QueueSpec("slow"))
+    payload = encode_ref_call("time:sleep", (600,), {}).payload
+    old.submit([Submission(id="late-1", queue="slow", payload=payload, timeout=1.0)])
+    assert old.claim(["slow"], "gone")
+    for key, value in function_env(template, "SweeperFunction", stack.resources).items():
+        monkeypatch.setenv(key, value)
+    for name in ("_plane", "_metrics", "_logger", "_registry"):  # (a fresh container)
+        monkeypatch.setattr(sweeper, name, None)
+    capsys.readouterr()
+    # When the schedule fires the sweeper
+    event = {"source": "aws.events", "detail-type": "Scheduled Event", "detail": {}}
+    assert sweeper.handler(event, None) == {"expired_leases": 1}
+    # Then the call failed as timed out, and the run wrote it as a Failed metric of its
+    # queue (CloudWatch EMF on stdout), as the API counts a worker's failure
+    assert stack.records("slow")["late-1"].state is State.FAILED
+    docs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "_aws" in line]
+    failed = [d for d in docs if d.get("queue") == "slow" and "Failed" in d]
+    assert [d["Failed"] for d in failed] == [[1.0]]
+
+
 def test_a_batch_through_the_api_is_one_group_written_once_a_step(stack: Stack) -> None:
     # Given ten submissions without ids in one request
     subs = [{"queue": "jobs", "ref": "math:sqrt", "args": [n]} for n in range(10)]

@@ -105,30 +105,31 @@ _FAILING_REMINDER = 60.0
 
 class _Failing:
     """What a worker says while its claims fail (the plane away, or refusing): the reason
-    at the first failure and as soon as it changes, a reminder every
-    :data:`_FAILING_REMINDER` seconds rather than a line a second, and when a claim goes
-    through again. Told from the fetcher and from the main loop (a job process's claim)."""
+    at the first failure, each other kind of reason as it first comes, and each kind
+    again at most every :data:`_FAILING_REMINDER` seconds while it lasts (not a line a
+    second, however the kinds alternate); then when a claim goes through again. Told
+    from the fetcher and from the main loop (a job process's claim)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.since: float | None = None
-        self._told = 0.0
-        self._kind = ""
+        #: when each kind of reason was last told, this time claims failed
+        self._told: dict[str, float] = {}
 
     def failed(self, reason: str) -> None:
         """A claim failed: ``reason`` is ``"<error type>: <message>"``."""
         kind = reason.partition(":")[0]
         now = time.monotonic()
         with self._lock:
-            if self.since is None or kind != self._kind:
-                first = self.since is None
-                self.since = self.since if self.since is not None else now
-                self._told, self._kind = now, kind
-            elif now - self._told >= _FAILING_REMINDER:
-                first, self._told = False, now
-            else:
+            first = self.since is None
+            if first:
+                self.since = now
+                self._told.clear()
+            last = self._told.get(kind)
+            if last is not None and now - last < _FAILING_REMINDER:
                 return
-            since = self.since
+            self._told[kind] = now
+            since = now if self.since is None else self.since
         if first:
             log.warning("lakeshore worker: a claim failed: %s; retrying", reason)
         else:

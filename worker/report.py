@@ -89,11 +89,11 @@ def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> No
 
 def _lost(what: str, items: Sequence[tuple[Claim, Outcome]], exc: LakeshoreError) -> None:
     """Say which outcomes the plane did not take (away, or refusing the worker's token):
-    nothing else records them, and each call runs again once its lease runs out."""
+    nothing else records them; the plane hands each call on when its lease runs out."""
     ids = ", ".join(c.id for c, _ in items[:3]) + (", ..." if len(items) > 3 else "")
     log.warning(
         "lakeshore worker: the %s of %d call(s) (%s) did not reach the plane: %s: %s;"
-        " each runs again once its lease runs out",
+        " the plane hands each on when its lease runs out (another attempt, if it has one)",
         what,
         len(items),
         ids,

@@ -34,6 +34,7 @@ __all__ = [
     "check_kind_settings",
     "check_queue_name",
     "check_retry",
+    "check_spec_retry",
     "check_settings",
     "comparable",
     "running_cap",
@@ -90,15 +91,20 @@ def check_retry(retry: RetryPolicy | None) -> None:
             raise InvalidRequest(f"retry.{name} must be a finite number of seconds >= 0")
 
 
-def validate_spec(spec: QueueSpec) -> None:
-    """Raise :class:`InvalidRequest` for settings the plane cannot honour."""
-    check_queue_name(spec.name)
+def check_spec_retry(spec: QueueSpec) -> None:
+    """Raise :class:`InvalidRequest` for a queue's retry setting no retry can follow
+    (checked where it is given: a spec stored before the check stays usable)."""
     if spec.retry is not None:
         try:
             policy = RetryPolicy(**spec.retry)
         except TypeError as exc:
             raise InvalidRequest(f"retry: {exc}") from None
         check_retry(policy)
+
+
+def validate_spec(spec: QueueSpec) -> None:
+    """Raise :class:`InvalidRequest` for settings the plane cannot honour."""
+    check_queue_name(spec.name)
     if spec.kind not in KINDS:
         raise InvalidRequest(
             f"unknown queue kind {spec.kind!r}; expected one of {', '.join(KINDS)}"

@@ -7,7 +7,13 @@ from typing import Any
 
 from ..errors import InvalidRequest, QueueNotFound
 from .base import PlaneBase
-from .kinds import anneal_origin, check_kind_settings, check_settings, validate_spec
+from .kinds import (
+    anneal_origin,
+    check_kind_settings,
+    check_settings,
+    check_spec_retry,
+    validate_spec,
+)
 from .model import QueueSpec, State
 
 __all__ = ["QueueOps"]
@@ -23,6 +29,7 @@ class QueueOps(PlaneBase):
         differs from ``spec``; :class:`QueueNotFound` when missing and not ``create``.
         """
         validate_spec(spec)
+        check_spec_retry(spec)
         stored = self.store.get_queue(spec.name)
         if stored is None:
             if not create:
@@ -67,6 +74,8 @@ class QueueOps(PlaneBase):
         new = QueueSpec(name=name, **{**spec.settings(), **settings})
         check_kind_settings(new.kind, settings)
         validate_spec(new)
+        if "retry" in settings:
+            check_spec_retry(new)
         now = self.clock.now()
         if "anneal" in settings or "temperature" in settings:
             new = anneal_origin(new, now, self.store.queue_counter(name, 0))
