@@ -673,6 +673,6 @@ def test_output_progress_release_and_retry_over_the_api(api: Api) -> None:
     )
     retried = producer.call("POST", f"/v1/invocations/{inv}/retry").body["invocation"]
     assert retried["state"] == "pending"
-    assert producer.call("POST", f"/v1/invocations/{inv}/retry").status == 400
+    assert producer.call("POST", f"/v1/invocations/{inv}/retry").status == 409
     bad = worker.call("POST", "/v1/logs", {**lease, "chunks": [["x"]]})
     assert (bad.status, bad.code) == (400, "invalid_request")
