@@ -223,7 +223,11 @@ def test_exec_passes_env_and_cwd_and_detach_prints_the_id(plane: str, tmp_path: 
         assert run("invocations", "logs", inv, "--plane", plane) == (0, "later\n")
 
 
-def test_exec_with_no_worker_says_what_it_waits_for_and_ctrl_c_cancels(plane: str) -> None:
+def test_exec_with_no_worker_says_what_it_waits_for_and_ctrl_c_cancels(
+    plane: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (should it not end, SIGABRT has it print where each of its threads is)
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
     # Given no worker on queue "lonely", an exec of a command on it
     proc = spawn(
         "exec", "--plane", plane, "-q", "lonely", "echo never",
@@ -237,7 +241,12 @@ def test_exec_with_no_worker_says_what_it_waits_for_and_ctrl_c_cancels(plane: st
         assert "lakeshore worker start -q lonely" in line
         # and Ctrl-C (no terminal to ask on) cancels the call
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"exec did not end after SIGINT; its threads:\n{err.decode()}")
         assert proc.returncode == 130 and "cancelled" in err.decode()
     finally:
         proc.kill()

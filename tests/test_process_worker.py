@@ -1052,7 +1052,11 @@ def test_failing_claims_are_told_once_with_their_reason_and_again_when_they_go_t
     with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.worker"), worker(dp, "flaky"):
         assert q.result(inv, timeout=60) == 16
     # and it said why claims failed once (not once a try), and that they go through again
-    said = [r.getMessage() for r in caplog.records if "claim" in r.getMessage()]
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "dreamlake.lakeshore.worker" and "claim" in r.getMessage()
+    ]
     assert len(said) == 2
     assert said[0] == (
         "lakeshore worker: a claim failed: Unavailable: cannot reach the plane at"
@@ -1080,7 +1084,7 @@ def test_claims_failing_for_long_are_told_again_at_the_reminder_or_a_new_reason(
         failing.answered()
         failing.answered()  # (said once)
     # Then the first, the new reason at once (once), the reminder and the return are told
-    said = [r.getMessage() for r in caplog.records]
+    said = [r.getMessage() for r in caplog.records if r.name == "dreamlake.lakeshore.worker"]
     assert said[0] == (
         "lakeshore worker: a claim failed: Unavailable: cannot reach the plane; retrying"
     )
@@ -1103,7 +1107,7 @@ def test_a_job_process_claim_that_goes_through_is_told_at_once(
         # job holds its claim open on a one-slot worker)
         w._claimed_in_child(slot, [], None, False)
     # Then the worker says so then, not when the fetcher next hears from the plane
-    said = [r.getMessage() for r in caplog.records]
+    said = [r.getMessage() for r in caplog.records if r.name == "dreamlake.lakeshore.worker"]
     assert len(said) == 2 and said[1].startswith("lakeshore worker: claims go through again")
 
 
@@ -1128,7 +1132,7 @@ def test_an_outcome_the_plane_does_not_take_is_said_with_its_call(
     with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.worker"):
         report_many(worker_dp, [(claim, Outcome(ok=True, result=encode_result(9)[0]))])
     # Then the worker says which call's result was lost, why, and what happens to it
-    (said,) = [r.getMessage() for r in caplog.records]
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "dreamlake.lakeshore.worker"]
     assert f"the result of 1 call(s) ({inv}) did not reach the plane" in said
     assert "Unauthorized: this token was revoked" in said
     assert "the plane hands each on when its lease runs out" in said
