@@ -228,11 +228,17 @@ def test_exec_with_no_worker_says_what_it_waits_for_and_ctrl_c_cancels(
 ) -> None:
     # (should it not end, SIGABRT has it print where each of its threads is)
     monkeypatch.setenv("PYTHONFAULTHANDLER", "1")
-    # Given no worker on queue "lonely", an exec of a command on it
-    proc = spawn(
-        "exec", "--plane", plane, "-q", "lonely", "echo never",
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    # Given no worker on queue "lonely", an exec of a command on it, started as from a
+    # terminal: SIGINT not ignored (a test run started in the background, with '&',
+    # ignores it, and its processes would inherit that; Python then keeps it ignored)
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = spawn(
+            "exec", "--plane", plane, "-q", "lonely", "echo never",
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     assert proc.stderr is not None
     try:
         # When it has waited a while, then it says why, and how to start a worker
