@@ -1280,6 +1280,18 @@ def test_submit_rejects_an_invalid_submission(plane: Plane, submission: Submissi
     assert not any(plane.counts(QUEUE).values())
 
 
+def test_a_refusal_in_a_batch_names_the_call_it_is_about() -> None:
+    # Given a batch of calls, the second with a timeout of zero
+    plane = Plane(SqliteStore(":memory:"))
+    plane.ensure_queue(QueueSpec(QUEUE))
+    calls = [Submission("ok-1", QUEUE, b"x"), Submission("zero", QUEUE, b"x", timeout=0)]
+    # When it is submitted, then the refusal says which call (nothing is taken)
+    with pytest.raises(InvalidRequest, match=r"^invocation 'zero': timeout must be > 0 seconds$"):
+        plane.submit(calls)
+    assert not any(plane.counts(QUEUE).values())
+    plane.close()
+
+
 def test_a_delayed_call_comes_due_for_a_claim_after_a_look_that_left_nothing_due(
     plane: Plane, clock: FakeClock
 ) -> None:
