@@ -32,7 +32,7 @@ from dreamlake.lakeshore.handlers.api import make_app
 from dreamlake.lakeshore.http.connections import Answer
 from dreamlake.lakeshore.http.transport import HttpTransport
 from dreamlake.lakeshore.http.wake import FIRST_LOOK, WakeWatch
-from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
+from dreamlake.lakeshore.plane import Plane, QueueSpec, State, Submission
 from dreamlake.lakeshore.plane.store import wake_objects
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.stores import keys as K
@@ -227,6 +227,22 @@ def test_a_submit_to_an_idle_queue_wakes_it_once_and_a_busy_queue_pays_nothing(
     assert stack.wake_puts() == marked + 1
     t.submit([job("busy")])  # the mark is gone: no more PUTs
     t.submit([job("busy"), job("busy")])
+    assert stack.wake_puts() == marked + 1
+
+
+def test_a_retry_on_an_idle_queue_wakes_it_as_a_submit_does(stack: Stack) -> None:
+    # Given a call that failed for good on a queue whose workers have since gone idle
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("again"))
+    (inv_id,) = t.submit([job("again")])
+    (claim,) = t.claim(["again"], "w")
+    error = {"type": "builtins.ValueError", "message": "no", "traceback": ""}
+    t.fail(claim.id, claim.lease_token, error, retryable=False)
+    assert t.claim(["again"], "w") == []  # idle: marked, its object written
+    marked = stack.wake_puts()
+    # When it is retried, then the idle queue's object is rewritten once (its watchers
+    # claim at once, not at their fallback)
+    assert t.retry(inv_id).state is State.PENDING
     assert stack.wake_puts() == marked + 1
 
 

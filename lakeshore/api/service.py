@@ -489,6 +489,8 @@ class Service(WorkerRoutes):
     def retry(self, ident: Identity, inv_id: str) -> dict[str, Any]:
         rec = self._readable(ident, inv_id)
         again = self.plane.retry(inv_id)
+        if self.wakes is not None and self.wakes.wake(rec.queue):  # (new work, as a submit)
+            logs.event(_log, "queue.woken", queue=rec.queue)
         logs.event(_log, "invocation.retried", inv_id, queue=rec.queue, by="request")
         return {"invocation": invocation_view(again, self.plane.now())}
 
