@@ -41,6 +41,7 @@ from . import batching as _batch
 from . import config, context, logs
 from .dispatch import Dispatch
 from .errors import ExpiredInvocation, InvalidRequest, UnknownInvocation
+from .plane.kinds import KIND_OPTIONS
 from .plane.model import FINISHED, Invocation, QueueSpec, RetryPolicy, Submission
 from .submit import SubmitOptions, key_id, new_id, outcome
 from .transport import AsyncResults, Unwatch
@@ -62,13 +63,6 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-#: kind → the keyword arguments that only it takes
-KIND_OPTIONS: dict[str, frozenset[str]] = {
-    "fifo": frozenset(),
-    "filo": frozenset(),
-    "priority": frozenset({"priority_field"}),
-    "boltzmann": frozenset({"priority_field", "temperature", "anneal"}),
-}
 #: keyword argument → the class it belongs to, for error messages
 OWNER = {
     "priority_field": "PriorityQueue",

@@ -28,7 +28,7 @@ from .ordering import KINDS
 
 __all__ = [
     "BOLTZMANN_CANDIDATES",
-    "KIND_ONLY",
+    "KIND_OPTIONS",
     "anneal_origin",
     "boltzmann_order",
     "check_kind_settings",
@@ -59,11 +59,12 @@ def check_queue_name(name: object) -> None:
         )
 
 
-#: settings only some kinds of queue follow, and those kinds
-KIND_ONLY: dict[str, frozenset[str]] = {
-    "priority_field": frozenset({"priority", "boltzmann"}),
-    "temperature": frozenset({"boltzmann"}),
-    "anneal": frozenset({"boltzmann"}),
+#: kind → the settings only it follows (of the rest, every kind follows each)
+KIND_OPTIONS: dict[str, frozenset[str]] = {
+    "fifo": frozenset(),
+    "filo": frozenset(),
+    "priority": frozenset({"priority_field"}),
+    "boltzmann": frozenset({"priority_field", "temperature", "anneal"}),
 }
 
 
@@ -71,11 +72,9 @@ def check_kind_settings(kind: str, settings: Iterable[str]) -> None:
     """Raise :class:`InvalidRequest` for a setting given that a queue of ``kind`` does
     not follow (a temperature for a fifo queue would be stored and do nothing)."""
     for name in settings:
-        kinds = KIND_ONLY.get(name)
-        if kinds is not None and kind not in kinds:
-            raise InvalidRequest(
-                f"{name} applies to {' and '.join(sorted(kinds))} queues, not {kind} ones"
-            )
+        kinds = sorted(k for k, options in KIND_OPTIONS.items() if name in options)
+        if kinds and kind not in kinds:
+            raise InvalidRequest(f"{name} applies to {' and '.join(kinds)} queues, not {kind} ones")
 
 
 def check_retry(retry: RetryPolicy | None) -> None:

@@ -315,16 +315,20 @@ def _validate_submission(sub: Submission) -> None:
             f" (no / ? # quotes or control characters): {sub.id[:40]!r}"
         )
     try:
-        if sub.timeout is not None and not sub.timeout > 0:
-            raise InvalidRequest("timeout must be > 0 seconds")
-        if sub.max_attempts is not None and sub.max_attempts < 1:
-            raise InvalidRequest("max_attempts must be at least 1")
-        if not math.isfinite(sub.priority):
-            raise InvalidRequest("priority must be a finite number")
-        if not math.isfinite(sub.delay) or sub.delay < 0:
-            raise InvalidRequest("delay must be a finite number of seconds >= 0")
-        if sub.timeout is not None and not math.isfinite(sub.timeout):
-            raise InvalidRequest("timeout must be a finite number of seconds")
-        check_retry(sub.retry)
+        _check_options(sub)
     except InvalidRequest as exc:  # (which of a batch's calls: its id)
         raise InvalidRequest(f"invocation {sub.id!r}: {exc}") from None
+
+
+def _check_options(sub: Submission) -> None:
+    if sub.timeout is not None and not sub.timeout > 0:
+        raise InvalidRequest("timeout must be > 0 seconds")
+    if sub.timeout is not None and not math.isfinite(sub.timeout):
+        raise InvalidRequest("timeout must be a finite number of seconds")
+    if sub.max_attempts is not None and sub.max_attempts < 1:
+        raise InvalidRequest("max_attempts must be at least 1")
+    if not math.isfinite(sub.priority):
+        raise InvalidRequest("priority must be a finite number")
+    if not math.isfinite(sub.delay) or sub.delay < 0:
+        raise InvalidRequest("delay must be a finite number of seconds >= 0")
+    check_retry(sub.retry)
