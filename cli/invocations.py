@@ -207,11 +207,12 @@ def ls(
     as_json: JsonOpt = False,
 ) -> None:
     """A queue's invocations, oldest first, a page of --limit at a time."""
-    if (name is None) == (queue is None) or (name or queue) == "":
+    given = [q for q in (name, queue) if q is not None]
+    if len(given) != 1 or not given[0]:
         raise fail("name the queue, as an argument or with --queue (one of them)", 2)
     with open_plane(url, token, plane) as dp:
         now = dp.transport.now()
-        found = dp.transport.list_invocations(name or queue or "", state, after, limit)
+        found = dp.transport.list_invocations(given[0], state, after, limit)
         rows = [_view(r, now) for r in found]
         if len(found) == limit and not as_json:  # (said on stderr: stdout stays the table)
             typer.echo(f"({limit} shown; the next page: --after {found[-1].id})", err=True)

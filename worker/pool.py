@@ -122,14 +122,13 @@ class _Failing:
         now = time.monotonic()
         with self._lock:
             first = self.since is None
+            since = self.since = now if self.since is None else self.since
             if first:
-                self.since = now
                 self._told.clear()
             last = self._told.get(kind)
             if last is not None and now - last < _FAILING_REMINDER:
                 return
             self._told[kind] = now
-            since = now if self.since is None else self.since
         if first:
             log.warning("lakeshore worker: a claim failed: %s; retrying", reason)
         else:
@@ -466,7 +465,6 @@ class ProcessWorker:
             if delegate:
                 job = self._claim_in_child(limit)
                 if job.claims is not None:  # (the main loop started and buffered them)
-                    failing.answered()
                     dry = len(job.claims) < limit
                     if len(job.claims) > 1:  # let the main loop start them first
                         with self._cv:
@@ -634,8 +632,8 @@ class ProcessWorker:
         slot; once the worker stops it runs none, and the buffer hands them back."""
         with self._lock:
             slot.claiming = False
-        if error is None:
-            self._failing.answered()  # (a chain may hold the delegation open: say it now)
+        if error is None:  # (the one place a job process's claim is heard of as made)
+            self._failing.answered()
         now = time.monotonic()
         with self._cv:
             waiting = claims[1:] if runs else claims
