@@ -252,6 +252,8 @@ class Service(WorkerRoutes):
         if paused is not None:
             self.pauses.set_paused(name, paused)
             logs.event(_log, "queue.paused" if paused else "queue.resumed", queue=name)
+            if not paused:
+                self.plane.wake_idle([name])  # (its idle workers claim again)
         return {"queue": {**_spec_view(spec), "paused": name in self.pauses.paused([name])}}
 
     def stats(self, ident: Identity, query: dict[str, str]) -> dict[str, Any]:
@@ -310,18 +312,10 @@ class Service(WorkerRoutes):
         if blobs:
             self.plane.put_blobs(blobs)
         created = []
-        idle = []
-        wakes = self.wakes
         for name in sorted({s.queue for s in subs}):
-            if wakes is not None:  # the spec read tells whether idle workers wait for a wake
-                spec, marked = wakes.queue_and_idle(name)
-            else:
-                spec, marked = self.plane.store.get_queue(name), False
-            if spec is None:
+            if self.plane.store.get_queue(name) is None:
                 self.plane.ensure_queue(QueueSpec(name))  # first submit creates, as in the SDK
                 created.append(name)
-            elif marked:
-                idle.append(name)
         try:
             ids = self.plane.submit(subs)
         except LakeshoreError:
@@ -329,11 +323,11 @@ class Service(WorkerRoutes):
                 if not any(self.plane.counts(name).values()):
                     self.plane.delete_queue(name)
             raise
-        if wakes is not None:
-            # a new queue had no mark, but workers may watch it since before it existed
-            for name in [*idle, *created]:
-                if wakes.wake(name, created=name in created):
-                    logs.event(_log, "queue.woken", queue=name)
+        if self.wakes is not None:
+            # (the plane woke the queues marked idle; a new queue had no mark to set, but
+            # workers may watch it since before it existed)
+            for name in created:
+                self.wakes.wake(name, created=True)
         per_queue: dict[str, int] = {}
         for sub in subs:
             per_queue[sub.queue] = per_queue.get(sub.queue, 0) + 1
@@ -489,8 +483,6 @@ class Service(WorkerRoutes):
     def retry(self, ident: Identity, inv_id: str) -> dict[str, Any]:
         rec = self._readable(ident, inv_id)
         again = self.plane.retry(inv_id)
-        if self.wakes is not None and self.wakes.wake(rec.queue):  # (new work, as a submit)
-            logs.event(_log, "queue.woken", queue=rec.queue)
         logs.event(_log, "invocation.retried", inv_id, queue=rec.queue, by="request")
         return {"invocation": invocation_view(again, self.plane.now())}
 

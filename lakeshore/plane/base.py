@@ -6,14 +6,14 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
 from ..clock import Clock
 from ..errors import QueueNotFound, UnknownInvocation
 from .changes import Changes
 from .model import Invocation, QueueSpec
-from .store import Store
+from .store import Store, wake_objects
 
 __all__ = ["PlaneBase", "Update"]
 
@@ -65,6 +65,32 @@ class PlaneBase:
         if spec is None:
             raise QueueNotFound(f"queue {name!r} does not exist")
         return spec
+
+    def _queue_marking_idle(self, name: str, idle: set[str]) -> QueueSpec:
+        """:meth:`get_queue` for a submit: on a store with wake objects the same read
+        tells whether the queue is marked idle (then its name joins ``idle``)."""
+        wakes = wake_objects(self.store)
+        if wakes is None:
+            return self.get_queue(name)
+        spec, marked = wakes.queue_and_idle(name)
+        if spec is None:
+            raise QueueNotFound(f"queue {name!r} does not exist")
+        if marked:
+            idle.add(name)
+        return spec
+
+    def wake_idle(self, queues: Iterable[str]) -> None:
+        """New work on ``queues``, after it is written: on a store with wake objects (the
+        DynamoDB + S3 plane) the workers watching an idle one's object look now, not at
+        their fallback claim. Every way work becomes claimable goes through here — a
+        submit (for the queues its read found marked), a retry, a hand-back, a lease the
+        sweep hands on, a queue resumed — whoever asks it of the plane (an API request,
+        the ``aws://`` transport, the sweeper). A queue not marked costs a refused
+        conditional write; a submit to a busy queue costs nothing."""
+        wakes = wake_objects(self.store)
+        if wakes is not None:
+            for name in sorted(set(queues)):
+                wakes.wake(name)
 
     def get(self, inv_id: str) -> Invocation:
         """The record of one invocation. Raises :class:`UnknownInvocation`."""

@@ -45,7 +45,8 @@ class ProducerOps(PlaneBase):
         """
         now = self.clock.now()
         specs: dict[str, QueueSpec] = {}
-        invs = [self._pending_record(sub, specs, now) for sub in subs]
+        idle: set[str] = set()
+        invs = [self._pending_record(sub, specs, idle, now) for sub in subs]
         told = self._changes.told
         existing = self.store.insert_many(invs)
         self._changes.submitted(
@@ -59,19 +60,22 @@ class ProducerOps(PlaneBase):
             [inv.id for inv in invs],
             due_now=all(inv.available_at <= now for inv in invs),
         )
+        self.wake_idle(idle)
         for inv, found in zip(invs, existing, strict=True):
             if found is not None and found.request_digest != inv.request_digest:
                 raise IdempotencyConflict(f"invocation {inv.id!r} exists with a different request")
         return [inv.id for inv in invs]
 
     def _pending_record(
-        self, sub: Submission, specs: dict[str, QueueSpec], now: float
+        self, sub: Submission, specs: dict[str, QueueSpec], idle: set[str], now: float
     ) -> Invocation:
         """The new record a valid submission stands for (raises for an invalid one or a
-        missing queue); ``specs`` caches the queues read so far."""
+        missing queue); ``specs`` caches the queues read so far, ``idle`` gathers those
+        of them marked idle (their workers watch wake objects: see :meth:`wake_idle`)."""
         _validate_submission(sub)
-        spec = specs.get(sub.queue) or self.get_queue(sub.queue)
-        specs[sub.queue] = spec
+        spec = specs.get(sub.queue)
+        if spec is None:
+            spec = specs[sub.queue] = self._queue_marking_idle(sub.queue, idle)
         retry = sub.retry or (RetryPolicy(**spec.retry) if spec.retry else None)
         available = now + max(0.0, sub.delay)
         return Invocation(
@@ -284,6 +288,7 @@ class ProducerOps(PlaneBase):
             updated = self.store.update_if(inv_id, expect, changes)
             if updated is not None:
                 self._changes.notify()
+                self.wake_idle([rec.queue])
                 return updated
 
     def set_priority(self, inv_id: str, priority: float) -> Invocation:

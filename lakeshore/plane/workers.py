@@ -393,6 +393,7 @@ class WorkerOps(PlaneBase):
         if self.store.update_if(inv_id, expect, changes) is None:
             raise self._refusal(inv_id, lease_token)
         self._changes.notify()
+        self.wake_idle([rec.queue])
 
     def report_progress(
         self, inv_id: str, lease_token: str, fraction: float, message: str | None = None
@@ -504,11 +505,15 @@ class WorkerOps(PlaneBase):
 
     def _sweep(self, now: float, *, purge: bool = False) -> int:
         handled = 0
+        again: set[str] = set()  # queues with work handed on
         while True:
             batch = self.store.expired_leases(now, _SWEEP_BATCH)
             for rec in batch:
-                if self._expire_lease(rec, now) is not None:
+                updated = self._expire_lease(rec, now)
+                if updated is not None:
                     handled += 1
+                    if updated.state is State.PENDING:
+                        again.add(updated.queue)
             if len(batch) < _SWEEP_BATCH:
                 break
         if purge or now >= self._next_purge:
@@ -519,6 +524,7 @@ class WorkerOps(PlaneBase):
                     self.store.delete_queue(spec.name, invocations=False)
         if handled:
             self._changes.notify()
+            self.wake_idle(again)
         return handled
 
     def _expire_lease(self, rec: Invocation, now: float) -> Invocation | None:
