@@ -37,7 +37,10 @@ def _pending_hint(dp: Dispatch, rec: Invocation, waited: float) -> str:
         serving = [
             d
             for d in dp.transport.list_daemons()
-            if rec.queue in d.queues and not d.draining and now - d.last_heartbeat < _ALIVE
+            if rec.queue in d.queues
+            and not d.draining
+            and d.stopped_at is None
+            and now - d.last_heartbeat < _ALIVE
         ]
     except LakeshoreError:
         return f"{head} (Ctrl-C to stop waiting)"

@@ -193,6 +193,8 @@ def _print_daemons(rows: Sequence[DaemonRecord], as_json: bool, now: float | Non
 
     def health(d: DaemonRecord) -> str:
         age = at - d.last_heartbeat
+        if d.stopped_at is not None:
+            return "stopped (drained)" if d.draining else "stopped"
         if d.draining:
             return "draining"
         return "ok" if age < 60 else f"silent {age:.0f}s"

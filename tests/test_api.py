@@ -567,6 +567,34 @@ def test_daemons_register_keep_identity_and_take_updates(api: Api) -> None:
     assert hello["workers"] == {"python": ["3.11"], "pickle_protocols": [5]}
 
 
+def test_a_daemon_s_last_heartbeat_marks_it_stopped_until_it_beats_or_registers_again(
+    api: Api,
+) -> None:
+    worker = api.client("worker")
+    body = {"name": "gpu-2", "queues": ["a"], "python": "3.12", "pickle_protocols": [5]}
+    rec = worker.call("POST", "/v1/daemons", body).body["daemon"]
+    path = f"/v1/daemons/{rec['id']}/heartbeat"
+    assert worker.call("POST", path, {"running": 2}).body["daemon"]["stopped_at"] is None
+    # When its last heartbeat says it is exiting (after a drain, say)
+    api.admin.call("POST", f"/v1/daemons/{rec['id']}/drain")
+    last = worker.call("POST", path, {"running": 0, "stopped": True}).body["daemon"]
+    # Then its record says when it stopped, and it no longer counts as a live worker
+    assert last["stopped_at"] == pytest.approx(last["last_heartbeat"])
+    assert (last["running"], last["draining"]) == (0, True)
+    (listed,) = [
+        d for d in api.admin.call("GET", "/v1/daemons").body["daemons"] if d["id"] == rec["id"]
+    ]
+    assert listed["stopped_at"] == last["stopped_at"]
+    assert "3.12" not in worker.call("GET", "/v1/hello").body["workers"]["python"]
+    # When it starts again, the mark is gone (and so is the drain)
+    again = worker.call("POST", "/v1/daemons", {**body, "id": rec["id"]}).body["daemon"]
+    assert (again["stopped_at"], again["draining"]) == (None, False)
+    worker.call("POST", path, {"stopped": True})
+    assert worker.call("POST", path, {}).body["daemon"]["stopped_at"] is None  # alive again
+    refused = worker.call("POST", path, {"stopped": "yes"})
+    assert refused.status == 400 and "stopped" in refused.body["error"]["message"]
+
+
 # --- bad input: a 4xx with a reason, nothing stored changes ---------------------------------
 
 

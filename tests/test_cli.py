@@ -3,6 +3,8 @@ and daemons as real processes (SIGTERM drain, kill -9 redelivery, live daemon up
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -158,6 +160,32 @@ def test_daemon_rm_forgets_a_daemon_and_says_when_there_is_none(plane: str) -> N
     # and removing it again says there is none
     code, out = run("daemon", "rm", gone, "--plane", plane)
     assert code == 1 and "no daemon" in out
+
+
+def test_daemon_ls_tells_a_daemon_that_stopped_from_one_that_fell_silent(plane: str) -> None:
+    # Given a daemon that drained and said so as it exited, and one that just went quiet
+    with dls.Dispatch(plane) as dp:
+        done = dp.transport.register_daemon("done", queues=["q"]).id
+        quiet = dp.transport.register_daemon("quiet", queues=["q"]).id
+        dp.transport.drain_daemon(done)
+        dp.transport.daemon_heartbeat(done, 0, stopped=True)
+    # When the daemons are listed a while later
+    later = time.time() + 600
+    with dls.Dispatch(plane) as dp:
+        rows = {d.id: d for d in dp.transport.list_daemons()}
+    from dreamlake.lakeshore.cli.workers import _print_daemons
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _print_daemons([rows[done], rows[quiet]], as_json=False, now=later)
+    # Then one is stopped, the other silent
+    lines = out.getvalue().splitlines()
+    assert "stopped (drained)" in next(line for line in lines if done in line)
+    assert "silent" in next(line for line in lines if quiet in line)
+    (listed,) = [
+        d for d in json.loads(run("daemon", "ls", "--plane", plane, "--json")[1]) if d["id"] == done
+    ]
+    assert listed["stopped_at"] is not None
 
 
 def test_tables_never_cut_what_other_commands_take(plane: str) -> None:

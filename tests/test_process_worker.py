@@ -287,9 +287,13 @@ def test_a_daemon_follows_queue_and_concurrency_updates_without_restart(
         wait_for(lambda: daemon.worker is not None and len(daemon.worker._slots) == 2)
         # And a drain ends it
         drain_ends(dp, daemon_id, thread)
+    # And its record says it stopped of its own accord (not silent, as if killed)
+    (stopped,) = [d for d in dp.transport.list_daemons() if d.id == daemon_id]
+    assert stopped.stopped_at is not None and stopped.running == 0
     # And a restart under the same name keeps the identity and the plane's settings
     again = Daemon(dp, "gpu-1", state_dir=tmp_path).register()
     assert (again.id, again.queues, again.concurrency) == (daemon_id, ["late"], 2)
+    assert again.stopped_at is None
 
 
 def touch(path: str) -> dict[str, str]:

@@ -126,25 +126,32 @@ class Daemon:
             self.worker.request_stop()
         beat = threading.Thread(target=self._beat, name="lakeshore-daemon", daemon=True)
         beat.start()
+        ended = False
         try:
-            return self.worker.run()
+            done = self.worker.run()
+            ended = True
+            return done
         finally:
             self._stop.set()
             beat.join(timeout=10)
+            transport = self.dispatch.transport
             if not self.persist:  # (a fresh identity each start: gone with this process)
-                self._forget(rec.id)
+                self._last_word(lambda: transport.remove_daemon(rec.id))
+            elif ended:  # (its record stays: shown stopped, not silent as if it crashed)
+                self._last_word(lambda: transport.daemon_heartbeat(rec.id, 0, stopped=True))
             restore_worker()
             restore_early()
 
-    def _forget(self, daemon_id: str) -> None:
-        """Remove this daemon's record, waiting at most FORGET_WAIT seconds (a plane that
-        is away does not hold up the exit; its record then stays, shown as silent)."""
+    def _last_word(self, say: Callable[[], object]) -> None:
+        """Tell the plane this daemon is leaving (its record removed, or marked stopped),
+        waiting at most FORGET_WAIT seconds: a plane that is away does not hold up the
+        exit (the record then stays as it was, and falls silent)."""
 
-        def forget() -> None:
+        def run() -> None:
             with contextlib.suppress(Exception):  # (best effort: the process is leaving)
-                self.dispatch.transport.remove_daemon(daemon_id)
+                say()
 
-        t = threading.Thread(target=forget, name="lakeshore-daemon-forget", daemon=True)
+        t = threading.Thread(target=run, name="lakeshore-daemon-leaving", daemon=True)
         t.start()
         t.join(FORGET_WAIT)
 

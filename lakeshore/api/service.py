@@ -171,7 +171,9 @@ class Service(WorkerRoutes):
     def hello(self, ident: Identity) -> dict[str, Any]:
         now = self.plane.now()
         live = [
-            d for d in self.plane.store.list_daemons() if now - d.last_heartbeat < _DAEMON_STALE
+            d
+            for d in self.plane.store.list_daemons()
+            if now - d.last_heartbeat < _DAEMON_STALE and d.stopped_at is None
         ]
         return {
             "server": self.server,
@@ -648,8 +650,10 @@ class Service(WorkerRoutes):
         self, ident: Identity, daemon_id: str, body: dict[str, Any]
     ) -> dict[str, Any]:
         ident.require("worker")
-        body = fields(body, {"running": int})
-        rec = self.plane.daemon_heartbeat(daemon_id, body.get("running"))
+        body = fields(body, {"running": int, "stopped": bool})
+        rec = self.plane.daemon_heartbeat(
+            daemon_id, body.get("running"), stopped=body.get("stopped", False)
+        )
         self.metrics.heartbeat(rec.name, "daemon")
         self.metrics.busy(rec.name, rec.running)
         return {"daemon": asdict(rec)}

@@ -546,8 +546,12 @@ class HttpTransport(Session):
             body["id"] = daemon_id
         return daemon_of(self._call("POST", "/v1/daemons", body)["daemon"])
 
-    def daemon_heartbeat(self, daemon_id: str, running: int | None = None) -> DaemonRecord:
-        body = {} if running is None else {"running": running}
+    def daemon_heartbeat(
+        self, daemon_id: str, running: int | None = None, *, stopped: bool = False
+    ) -> DaemonRecord:
+        body: dict[str, Any] = {} if running is None else {"running": running}
+        if stopped:
+            body["stopped"] = True
         path = f"/v1/daemons/{_seg(daemon_id)}/heartbeat"
         return daemon_of(self._call("POST", path, body)["daemon"])
 

@@ -86,13 +86,20 @@ class DaemonOps(PlaneBase):
             raise NotFound(f"no daemon {daemon_id!r}")
         return rec
 
-    def daemon_heartbeat(self, daemon_id: str, running: int | None = None) -> DaemonRecord:
+    def daemon_heartbeat(
+        self, daemon_id: str, running: int | None = None, *, stopped: bool = False
+    ) -> DaemonRecord:
+        """A daemon is alive (``running`` jobs now); with ``stopped``, its last word: it
+        is exiting of its own accord (its record then shows it stopped, not silent)."""
         now = self.clock.now()
 
         def beat(rec: DaemonRecord) -> None:
             rec.last_heartbeat = now
             if running is not None:
                 rec.running = running
+            rec.stopped_at = now if stopped else None
+            if stopped:
+                rec.running = 0
 
         return self._change(daemon_id, beat)
 

@@ -182,6 +182,9 @@ class DaemonRecord:
     last_heartbeat: float
     running: int = 0
     draining: bool = False
+    #: when it last stopped of its own accord (its last heartbeat said so); None while
+    #: it runs, and for one that was killed or lost its host (then it falls silent)
+    stopped_at: float | None = None
 
 
 @dataclass(frozen=True)

@@ -277,17 +277,22 @@ async function runningView() {
 
 async function daemonsView() {
   const { daemons } = await api("GET", "/v1/daemons");
-  const health = (d) => { const a = now() - d.last_heartbeat; return a < 60 ? "ok" : a < 300 ? "late" : "gone"; };
+  const health = (d) => {
+    if (d.stopped_at != null) return "stopped";  // (exited of its own accord)
+    const a = now() - d.last_heartbeat;
+    return a < 60 ? "ok" : a < 300 ? "late" : "gone";
+  };
   return h("div", { class: "card" }, h("h1", {}, "Daemons"),
     daemons.length ? h("table", { id: "daemons" },
       h("thead", {}, h("tr", {}, ["name", "health", "queues", "concurrency", "busy", "last heartbeat", "host", ""].map((x) => h("th", {}, x)))),
       h("tbody", {}, daemons.map((d) => h("tr", { "data-id": d.id },
         h("td", {}, d.name, h("div", { class: "muted mono" }, d.id)),
-        h("td", {}, h("span", { class: "health " + health(d) }), health(d), d.draining ? " · draining" : ""),
+        h("td", {}, h("span", { class: "health " + health(d) }), health(d),
+          d.stopped_at != null ? (d.draining ? " · drained" : "") : d.draining ? " · draining" : ""),
         h("td", {}, d.queues.join(", ")), h("td", { class: "num" }, d.concurrency),
         h("td", { class: "num" }, d.running), h("td", {}, ago(d.last_heartbeat) + " ago"),
         h("td", { class: "mono" }, d.host || "—"),
-        h("td", {}, me.role === "admin" && !d.draining ? h("button", { onclick: () =>
+        h("td", {}, me.role === "admin" && !d.draining && d.stopped_at == null ? h("button", { onclick: () =>
           act("Draining " + d.name, () => api("POST", `/v1/daemons/${encodeURIComponent(d.id)}/drain`)) }, "Drain") : null)))))
       : h("p", { class: "muted" }, "No daemon has registered."));
 }
