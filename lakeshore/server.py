@@ -92,6 +92,10 @@ TRANSFER_IDLE = 60.0
 #: without a byte before it is answered 408 and its connection closed (see _protocol; a
 #: blob upload's body is bounded by TRANSFER_IDLE instead)
 REQUEST_IDLE = 60.0
+#: seconds a connection may sit with no request in it — between requests, or from its
+#: opening — before the server closes it (idle SDK connections stay open between calls;
+#: the client reopens one the server closed)
+KEEP_ALIVE = 65
 #: a waiting request with a body up to this many bytes is parked on the event loop (a
 #: wait on many ids, costlier to look at again on each change, keeps its own thread)
 PARK_BODY = 4096
@@ -1109,7 +1113,8 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
     read ends inside a request, and only once per connection (later reads stamp the
     time); it waits while the server is not reading (flow control) or a request ahead is
     still being answered. A keep-alive connection between requests is not in a request:
-    uvicorn's keep-alive timeout bounds it."""
+    uvicorn's keep-alive timeout (:data:`KEEP_ALIVE`) bounds it, and a connection that
+    never sends a request is closed after as long."""
     import httptools
     from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -1134,6 +1139,14 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             )
             self.transport.write(head + body)
             self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            # (silent from the start: bounded as an idle keep-alive connection is; its
+            # first request's first byte cancels the timer, as a later request's does)
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
 
         def data_received(self, data: bytes) -> None:
             self._taken = 0
@@ -1516,8 +1529,7 @@ class LocalServer:
                 access_log=self.access_log,
                 server_header=False,
                 timeout_graceful_shutdown=int(GRACEFUL_SECONDS) or 1,
-                # idle SDK connections stay open between calls (the client reopens anyway)
-                timeout_keep_alive=65,
+                timeout_keep_alive=KEEP_ALIVE,
                 backlog=2048,
             )
             self.uvicorn = server = uvicorn.Server(config)

@@ -2,7 +2,7 @@
 and closes its connection, once its client has sent nothing for ``REQUEST_IDLE`` seconds
 (set to a fraction of a second here), on the short lane and through ASGI alike; an idle
 keep-alive connection between requests and a body that arrives slowly but steadily are
-not cut.
+not cut; a connection idle for ``KEEP_ALIVE`` seconds, from its opening too, is closed.
 
 Every wait is a socket read with a timeout: on a server that never answers a stalled
 request, the read times out and the test fails instead of hanging.
@@ -287,6 +287,26 @@ def test_an_idle_keep_alive_connection_is_not_sent_a_408(served: LocalServer, pa
         # and the connection still answers the next request
         conn.send(_head(served, "GET", "/v1/hello", 0, extra=extra))
         assert conn.answer()[0] == 200
+
+
+def test_a_connection_that_never_sends_a_request_is_closed_as_an_idle_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a server whose idle connections are closed after a second
+    monkeypatch.setattr(server_module, "KEEP_ALIVE", 1)
+    server = LocalServer(tmp_path / "plane.db")
+    server.start()
+    try:
+        with _Conn(server) as silent, _Conn(server) as talking:
+            # When one connection sends nothing at all, and another a request
+            talking.send(_head(server, "GET", "/v1/hello", 0))
+            assert talking.answer()[0] == 200
+            # Then the silent one is closed (an empty read: the server's close)
+            assert silent.sock.recv(1) == b""
+            # and so is the other once it sits idle as long
+            assert talking.sock.recv(1) == b""
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("path", ["lane", "asgi-forwarded"])
