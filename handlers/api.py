@@ -24,7 +24,7 @@ from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 
 from .. import logs
 from ..api import Identity, Service, authenticate
-from ..api.codec import JSON, decode_body, encode_body, pick_type
+from ..api.codec import JSON, decode_body, encode_body, pick_type, reason
 from ..dashboard import asset as dashboard_file
 from ..errors import (
     InvalidRequest,
@@ -141,9 +141,7 @@ def _fast_result(response: Response[Any]) -> dict[str, Any]:
 
 
 def _error_response(exc: LakeshoreError, media: str) -> Response[Any]:
-    body = {
-        "error": {"code": exc.code, "message": str(exc).splitlines()[0] if str(exc) else exc.code}
-    }
+    body = {"error": {"code": exc.code, "message": reason(exc)}}
     resp = _answer(exc.status if exc.status >= 400 else 500, body, media)
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:

@@ -654,6 +654,32 @@ def test_bad_bodies_are_4xx_with_a_reason_and_change_nothing(
     assert api.plane.store.list_queues() == []
 
 
+def test_an_over_long_name_is_not_echoed_back_whole(api: Api) -> None:
+    # a 5,000-character id that names nothing: the 404 says so in one short line
+    ans = api.admin.call("GET", "/v1/invocations/" + "x" * 5000)
+    assert ans.code == "unknown_invocation"
+    message = ans.body["error"]["message"]
+    assert message.startswith("no invocation 'xxx") and "…' (5,002 characters)" in message
+    assert len(message) < 200
+    # a queue name far past its limit, in a submit's body
+    producer = api.client("producer")
+    ans = producer.call(
+        "POST", "/v1/invocations", {"invocations": [{"queue": "q" * 3000, "ref": "m:f"}]}
+    )
+    assert ans.code == "invalid_request"
+    assert "(3,002 characters) must be 1-256 letters" in ans.body["error"]["message"]
+    assert len(ans.body["error"]["message"]) < 300
+    # and a refused item of a batch answer (a hand-back under a lease that is no one's)
+    worker = api.client("worker")
+    ans = worker.call("POST", "/v1/releases", {"leases": [{"id": "c" * 4000, "lease_token": "t"}]})
+    assert ans.status < 500, ans.body
+    message = (ans.body["answers"][0]["error"] if ans.status == 200 else ans.body["error"])[
+        "message"
+    ]
+    assert "(4,002 characters)" in message and len(message) < 300, message
+    print("STATUS", ans.status)
+
+
 def test_unknown_routes_and_methods(api: Api) -> None:
     assert api.admin.call("GET", "/v1/nothing").status == 404
     assert api.admin.call("GET", "/v2/hello").status == 404

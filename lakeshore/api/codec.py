@@ -13,6 +13,7 @@ import binascii
 import functools
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
     "decode_body",
     "encode_body",
     "error_view",
+    "reason",
     "fields",
     "pick_type",
 ]
@@ -192,4 +194,24 @@ def fields(
 def error_view(exc: Exception) -> dict[str, str]:
     """An item's refusal as a batch answer carries it: its code and one-line reason."""
     code = exc.code if isinstance(exc, LakeshoreError) else "internal"
-    return {"code": code, "message": str(exc)}
+    return {"code": code, "message": reason(exc)}
+
+
+#: a run of characters no reason needs whole: an over-long id or name echoed back
+_LONG_RUN = re.compile(r"\S{121,}")
+_QUOTES = "'\""
+
+
+def reason(exc: Exception) -> str:
+    """The one line an error answer says: the message's first line (the code's name for
+    an empty one), each run of over 120 non-blank characters in it (a 5,000-character id
+    that names nothing, quoted back) cut to its first 60 and its length."""
+    text = str(exc)
+    line = text.splitlines()[0] if text.strip() else getattr(exc, "code", "error")
+
+    def cut(m: re.Match[str]) -> str:
+        run = m.group()
+        quote = run[0] if run[0] in _QUOTES and run[-1] == run[0] else ""
+        return f"{run[:60]}…{quote} ({len(run):,} characters)"
+
+    return _LONG_RUN.sub(cut, line)
