@@ -609,6 +609,8 @@ BAD_BODIES = [
     (b"\xc1\xc1", MP, "malformed body: not valid msgpack"),  # (msgpack says nothing)
     (b"\x93\x01", MP, "malformed body: not valid msgpack, or cut short"),  # (a cut array)
     (b"{not json", JS, "malformed body"),
+    ('{"invocations": "\xe9"}'.encode("latin-1"), JS, "JSON text must be UTF-8 (byte 0xe9 at"),
+    (b"\xff\xfe{", JS, "not UTF-16-LE text"),
     (msgpack.packb([1, 2]), MP, "body must be a map"),
     (msgpack.packb({"invocations": "nope"}), MP, "must be list"),
     (
@@ -637,7 +639,7 @@ BAD_BODIES = [
         "finite",
     ),
     (msgpack.packb({"invocations": [{"queue": "q", b"k": 2}]}), MP, "map keys must be strings"),
-    (b"\x81\xa1a\xa3\xed\xa0\x80", MP, "malformed body"),  # a lone surrogate's UTF-8
+    (b"\x81\xa1a\xa3\xed\xa0\x80", MP, "a string is not UTF-8"),  # a lone surrogate's UTF-8
     (b'{"a": "\\ud800"}', JS, "Unicode"),
 ]
 

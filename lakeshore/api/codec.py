@@ -115,6 +115,18 @@ def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[st
                 f"content type {media!r}: send application/msgpack or application/json "
                 "(with curl: -H 'Content-Type: application/json')"
             )
+    except UnicodeDecodeError as exc:  # (JSON: UTF-8, or UTF-16/32 told by its first bytes)
+        where = f"byte 0x{exc.object[exc.start : exc.start + 1].hex()} at offset {exc.start}"
+        encoding = exc.encoding.upper()
+        if media in (MSGPACK, "application/x-msgpack"):  # (in one of its strings)
+            raise InvalidRequest(f"malformed body: a string is not UTF-8 ({where} in it)") from None
+        if encoding == "UTF-8":
+            raise InvalidRequest(
+                f"malformed body: JSON text must be UTF-8 ({where} is not)"
+            ) from None
+        raise InvalidRequest(
+            f"malformed body: not {encoding} text ({where}: {exc.reason}); send UTF-8 JSON"
+        ) from None
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         why = str(exc)
         if media not in (JSON, "") and (not why or "exceeds max_" in why):
