@@ -1098,6 +1098,16 @@ def test_claims_failing_for_long_are_told_again_at_the_reminder_or_a_new_reason(
     assert len(said) == 4
 
 
+def test_a_worker_whose_token_the_plane_does_not_know_says_what_that_most_often_means(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.worker"):
+        pool._Failing().failed("Unauthorized: unknown or wrong token")
+    (said,) = [r.getMessage() for r in caplog.records if r.name == "dreamlake.lakeshore.worker"]
+    assert said.startswith("lakeshore worker: a claim failed: Unauthorized: unknown or wrong token")
+    assert "`lakeshore dev`, which keeps nothing across a restart" in said
+
+
 def test_a_job_process_claim_that_goes_through_is_told_at_once(
     dp: dls.Dispatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -101,6 +101,12 @@ _CLAIM_GRACE = 5.0
 
 #: while claims keep failing, the fetcher says so again this often (seconds)
 _FAILING_REMINDER = 60.0
+#: what a refused token most often means, said with its refusal
+_TOKEN_HINT = (
+    " (a plane that started afresh — `lakeshore dev`, which keeps nothing across a"
+    " restart, or a new plane file — knows none of the tokens before it: restart this"
+    " worker with a current one)"
+)
 
 
 class _Failing:
@@ -129,6 +135,8 @@ class _Failing:
             if last is not None and now - last < _FAILING_REMINDER:
                 return
             self._told[kind] = now
+        if kind == "Unauthorized":
+            reason += _TOKEN_HINT
         if first:
             log.warning("lakeshore worker: a claim failed: %s; retrying", reason)
         else:
