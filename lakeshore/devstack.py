@@ -35,9 +35,11 @@ import os
 import threading
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+from .api.service import Limits
 from .awsdirect import LOCAL_CREDENTIALS
 from .server import DEFAULT_THREADS, LocalServer
 from .stores.keys import TABLE_RESOURCES, Resources
@@ -165,6 +167,11 @@ def _reset_moto(endpoint: str) -> None:
 # --- the plane's parts -----------------------------------------------------------------------
 
 
+#: seconds a result wait blocks in the API function of a stack deployed with the
+#: template's defaults (its MaxWaitSeconds; LAKESHORE_MAX_WAIT)
+STACK_MAX_WAIT = 2.0
+
+
 class DevServer(LocalServer):
     """``lakeshore serve``'s HTTP front over a plane made by ``open``: the same adapter,
     handlers and token bootstrap; no plane file (``plane_path`` is unused)."""
@@ -177,6 +184,11 @@ class DevServer(LocalServer):
 
     def open_plane(self) -> Plane:
         return self._open()
+
+    def limits(self) -> Limits:
+        # a wait blocks as long as in the deployed API function (the template's
+        # MaxWaitSeconds default), so code tried here polls as it will there
+        return replace(super().limits(), max_wait=STACK_MAX_WAIT)
 
     def answers_inline(self, method: str, path: str, size: int = 0) -> bool:
         return False  # every plane call is a round trip to the emulator: use the threads

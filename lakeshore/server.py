@@ -56,6 +56,7 @@ from .handlers import apigw
 if TYPE_CHECKING:
     import uvicorn
 
+    from .api import Limits
     from .plane import Plane
     from .plane.changes import Changes, Park
 
@@ -1452,6 +1453,12 @@ class LocalServer:
         self.uvicorn: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
 
+    def limits(self) -> Limits:
+        """The API's limits on this server."""
+        from .api import Limits
+
+        return Limits() if self.max_blob is None else Limits(max_blob=self.max_blob)
+
     def open_plane(self) -> Plane:
         """The plane to serve (called once by :meth:`start`; closed by :meth:`stop`).
 
@@ -1491,15 +1498,14 @@ class LocalServer:
     def start(self, timeout: float = 30.0) -> None:
         import uvicorn
 
-        from .api import Limits, Service, bootstrap_admin, create_token
+        from .api import Service, bootstrap_admin, create_token
         from .handlers.api import download_path, fast_path, make_app, upload_path
 
         sock = _bind(self.host, self.port)
         try:
             self.url = _url(sock)
             self.plane = self.open_plane()
-            limits = Limits() if self.max_blob is None else Limits(max_blob=self.max_blob)
-            service = Service(self.plane, limits=limits, server=self.name)
+            service = Service(self.plane, limits=self.limits(), server=self.name)
             self.admin_token = bootstrap_admin(self.plane)
             self.bootstrapped = self.admin_token is not None
             if self.admin_token is None and self.new_admin_token:

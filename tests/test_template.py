@@ -209,3 +209,11 @@ def test_bucket_parameters_can_be_given() -> None:
     assert calls["create_bucket"]["CreateBucketConfiguration"] == {
         "LocationConstraint": "eu-west-1"
     }
+
+
+def test_lakeshore_dev_blocks_a_wait_as_long_as_the_deployed_api_function() -> None:
+    from dreamlake.lakeshore.devstack import STACK_MAX_WAIT, DevServer
+
+    default = load_template()["Parameters"]["MaxWaitSeconds"]["Default"]
+    assert default == STACK_MAX_WAIT
+    assert DevServer(lambda: None).limits().max_wait == default  # type: ignore[arg-type,return-value]
