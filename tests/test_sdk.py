@@ -539,6 +539,44 @@ def test_remote_exception_is_reraised_as_its_own_type(
     assert q.status(builtin) == q.status(custom) == "failed"
 
 
+SCRIPT = """\
+def check(x):
+    if x < 0:
+        raise ValueError(f"negative: {x}")
+    return x
+
+
+class Steps:
+    @staticmethod
+    def run(x):
+        return [check(v) for v in (x, -x)]
+
+
+def train(x):
+    return Steps.run(x)
+"""
+
+
+def test_a_remote_traceback_names_the_file_of_a_function_sent_by_value(
+    tmp_path: Path, q: dls.SyncQueue, workers: Callable[..., Any]
+) -> None:
+    # Given a function from a script (no module a worker could import: sent by value)
+    # that fails in a helper, through a method and a comprehension
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    scope: dict[str, Any] = {"__name__": "__main__", "__file__": str(script)}
+    exec(compile(SCRIPT, str(script), "exec"), scope)
+    workers()
+    # When it runs on a worker and fails
+    with pytest.raises(ValueError, match="negative: -4") as info:
+        q.result(q.submit(scope["train"], 4), timeout=WAIT)
+    # Then each of its frames names the script and its line, as it would have run here
+    tb = info.value.remote_traceback
+    assert "<dynamic-code>" not in tb
+    for line, name in [(14, "train"), (10, "run"), (10, "<listcomp>"), (3, "check")]:
+        assert f'File "{script}", line {line}, in {name}' in tb, tb
+
+
 def test_exception_that_cannot_be_rebuilt_is_a_remote_error(
     q: dls.SyncQueue, workers: Callable[..., Any]
 ) -> None:

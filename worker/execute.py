@@ -16,6 +16,7 @@ import os
 import pickle
 import subprocess
 import threading
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -182,6 +183,7 @@ class Executor:
         if not callable(loaded):
             raise _LoadError(f"payload function {env.get('name')} is not callable")
         fn = cast(Callable[..., Any], loaded)
+        _name_files(fn)
         self._fns[digest] = fn
         if len(self._fns) > _FN_CACHE:
             self._fns.popitem(last=False)
@@ -198,6 +200,45 @@ class Executor:
                 "to cross versions)"
             )
         return msg
+
+
+#: the file cloudpickle names for code it sends by value (so a payload is the same
+#: wherever its function was defined)
+_DYNAMIC = "<dynamic-code>"
+
+
+def _name_files(fn: Any) -> None:
+    """Give code sent by value its file back, so a remote traceback says where each
+    frame is (its line numbers were right all along): cloudpickle ships such code as
+    from ``<dynamic-code>``, and keeps its module's ``__file__`` in the globals it
+    rebuilds. The function and the by-value functions and methods sharing those globals
+    (the helpers of the same script), nested code included, are named from it. A
+    function defined where there is no file (a notebook cell) keeps the placeholder."""
+    scope = getattr(fn, "__globals__", None)
+    path = scope.get("__file__") if isinstance(scope, dict) else None
+    if not isinstance(path, str) or not path:
+        return
+    assert scope is not None
+    found: list[Any] = [fn, *scope.values()]
+    for value in list(found[1:]):
+        if isinstance(value, type):
+            found.extend(vars(value).values())
+    for value in found:
+        inner = getattr(value, "__func__", value)  # (a classmethod's or staticmethod's)
+        if (
+            isinstance(inner, types.FunctionType)
+            and inner.__globals__ is scope
+            and inner.__code__.co_filename == _DYNAMIC
+        ):
+            inner.__code__ = _named(inner.__code__, path)
+
+
+def _named(code: types.CodeType, path: str) -> types.CodeType:
+    consts = tuple(
+        _named(c, path) if isinstance(c, types.CodeType) and c.co_filename == _DYNAMIC else c
+        for c in code.co_consts
+    )
+    return code.replace(co_filename=path, co_consts=consts)
 
 
 async def _await(value: Any) -> Any:
