@@ -12,6 +12,7 @@ held as before.
 from __future__ import annotations
 
 import http.server
+import logging
 import threading
 import time
 from collections import Counter
@@ -33,7 +34,7 @@ from dreamlake.lakeshore.handlers.api import make_app
 from dreamlake.lakeshore.http.connections import Answer
 from dreamlake.lakeshore.http.transport import HttpTransport
 from dreamlake.lakeshore.http.wake import FIRST_LOOK, WakeWatch
-from dreamlake.lakeshore.plane import Plane, QueueSpec, State, Submission
+from dreamlake.lakeshore.plane import Plane, QueueSpec, RetryPolicy, State, Submission
 from dreamlake.lakeshore.plane.store import wake_objects
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.stores import keys as K
@@ -184,7 +185,10 @@ def unannounced(stack: Stack, sub: Submission) -> None:
 
     ddb, s3 = stack.clients
     other = Plane(NoWake(cast(DynamoStore, stack.plane.store).resources, dynamodb=ddb, s3=s3))
-    other.submit([sub])
+    try:
+        other.submit([sub])
+    finally:
+        other.close()  # (the clients are the stack's: left open)
 
 
 def claim_in_thread(
@@ -475,7 +479,9 @@ def test_an_empty_fallback_claim_renews_the_watch_and_stop_is_seen(stack: Stack)
     assert ("still",) in worker._wakes
     stop = threading.Event()
     stop.set()  # (a claim that did not see it would wait a minute: the test's timeout)
+    before = stack.claims()
     assert worker.claim(["still"], "w", wait=60.0, should_stop=stop.is_set) == []
+    assert stack.claims() == before  # (not even the fallback's)
 
 
 # --- planes without wake objects ---------------------------------------------------------------
@@ -510,13 +516,85 @@ def test_a_worker_watching_before_its_queue_exists_is_woken_by_the_creating_subm
     worker, producer = stack.transport(), stack.transport()
     assert worker.claim(["fresh"], "w", wait=0.0) == []  # no such queue: nothing marked
     watch = worker._wakes[("fresh",)]
-    assert watch.claim_at - time.monotonic() <= 4 * INTERVAL  # looks again soon
+    assert watch.claim_at - time.monotonic() <= 4 * INTERVAL  # claims again sooner
+    watch.claim_at = time.monotonic() + 600  # (here: only its object may send it)
     looks = Looks(worker)
-    thread, got = claim_in_thread(worker, "fresh", wait=FALLBACK)
-    assert looks.reach(1)  # it is watching
+    claims_before = stack.claims()
+    thread, got = claim_in_thread(worker, "fresh", wait=30.0)
+    assert looks.reach(3)  # it is watching an object (not claiming at a 404)
+    assert stack.claims() == claims_before
+    puts = stack.wake_puts()
     producer.submit([job("fresh")])  # creates the queue, and rewrites its object
+    assert stack.wake_puts() == puts + 1
     seen = looks.n
-    thread.join(5)
+    thread.join(20)
     (claims,) = got
     assert len(claims) == 1
     assert looks.n <= seen + 2  # at the next look
+
+
+def test_a_failure_its_policy_retries_and_a_changed_queue_wake_an_idle_queue(
+    stack: Stack,
+) -> None:
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("flaky"))
+    (inv_id,) = t.submit([job("flaky", retry=RetryPolicy(max=2, backoff=0.5))])
+    (claim,) = t.claim(["flaky"], "w")
+    assert t.claim(["flaky"], "w") == []  # the queue's other workers: idle, marked
+    marked = stack.wake_puts()
+    # When the call fails and its policy retries it, then its queue is woken
+    error = {"type": "builtins.ValueError", "message": "once", "traceback": ""}
+    t.fail(claim.id, claim.lease_token, error, retryable=True)
+    assert stack.plane.get(inv_id).state is State.PENDING
+    assert stack.wake_puts() == marked + 1
+    # When a queue whose workers are idle gets new settings, then it is woken too
+    assert t.claim(["flaky"], "w") == []  # (its retry not due yet: idle again)
+    marked = stack.wake_puts()
+    stack.plane.update_queue("flaky", elasticity={"kind": "fixed", "max": 4})
+    assert stack.wake_puts() == marked + 1
+
+
+def test_a_wake_that_fails_loses_nothing_and_is_tried_again(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dreamlake.lakeshore.stores.dynamo import DynamoStore
+
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("shaky"))
+    assert t.claim(["shaky"], "w") == []  # idle: marked
+    store = cast(DynamoStore, stack.plane.store)
+    put = store._put_wake
+
+    def failing(name: str) -> str:
+        raise RuntimeError("S3 is away")
+
+    # When a submit's wake fails (S3 away), then the submit stands, the failure is
+    # logged, and the queue stays marked
+    monkeypatch.setattr(store, "_put_wake", failing)
+    with caplog.at_level(logging.WARNING, logger="dreamlake.lakeshore.plane"):
+        (first,) = stack.plane.submit([job("shaky")])
+    assert stack.plane.get(first).state is State.PENDING
+    assert any("waking idle queue 'shaky' failed" in r.getMessage() for r in caplog.records)
+    assert store.queue_and_idle("shaky") == (store.get_queue("shaky"), True)
+    # When S3 is back, then the next submit wakes it
+    monkeypatch.setattr(store, "_put_wake", put)
+    before = stack.wake_puts()
+    stack.plane.submit([job("shaky")])
+    assert stack.wake_puts() == before + 1
+    assert len(t.claim(["shaky"], "w", limit=2)) == 2
+
+
+def test_a_claim_made_on_a_resume_is_not_answered_from_a_cached_pause(stack: Stack) -> None:
+    # Given two API processes over one plane (two Lambda instances), the worker's claims
+    # going to one, the operator's requests to the other
+    admin = Identity("admin", "admin", ("*",))
+    other = Service(stack.plane, limits=stack.service.limits)
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("gated"))
+    other.update_queue(admin, "gated", {"paused": True})
+    t.submit([job("gated")])
+    assert t.claim(["gated"], "w") == []  # paused (and cached so where it claims)
+    # When the other resumes it and the worker, woken, claims at once
+    other.update_queue(admin, "gated", {"paused": False})
+    # Then its claim is not answered from the pause cached where it lands
+    assert len(t.claim(["gated"], "w")) == 1

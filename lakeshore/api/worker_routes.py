@@ -108,6 +108,10 @@ class WorkerRoutes:
         while True:
             generation = changes.generation
             paused = self.pauses.paused(queues)
+            if wakes is not None and len(paused) == len(set(queues)):
+                # (an idle answer makes its worker watch until a resume wakes it: a claim
+                # made on that wake must not be answered from a pause cached here)
+                paused = self.pauses.paused(queues, fresh=True)
             open_queues = [q for q in queues if q not in paused]
             if open_queues:
                 break
@@ -178,7 +182,7 @@ class WorkerRoutes:
         """
         now = self.plane.now()
         marked = {q: wakes.mark_idle(q, now) for q in dict.fromkeys(queues)}
-        etags = {q: etag or "" for q, etag in marked.items()}
+        etags = {q: etag for q, (etag, _) in marked.items()}
         if open_queues:
             claims = self.plane.claim(open_queues, worker, limit=limit, lease_seconds=lease)
             if claims:
@@ -189,9 +193,9 @@ class WorkerRoutes:
             "interval": self.limits.wake_interval,
             "fallback": self.limits.wake_fallback,
         }
-        if None in marked.values():
+        if not all(exists for _, exists in marked.values()):
             # a queue that does not exist has no mark: a queue made by PATCH/POST
-            # /v1/queues wakes no one, so look again soon (a submit that creates one
+            # /v1/queues wakes no one, so claim again sooner (a submit that creates one
             # rewrites its object)
             wake["fallback"] = min(self.limits.wake_fallback, 4 * self.limits.wake_interval)
         due = [t for q in open_queues if (t := self.plane.store.next_available_at(q)) is not None]

@@ -49,12 +49,13 @@ class PauseFlags:
         if not paused:  # claims waiting on other queues may take this one's work now
             self._plane.changes.notify(queues=[queue])
 
-    def paused(self, queues: Iterable[str]) -> set[str]:
-        """The queues among ``queues`` that are paused."""
+    def paused(self, queues: Iterable[str], *, fresh: bool = False) -> set[str]:
+        """The queues among ``queues`` that are paused (``fresh``: read from the store,
+        not the cache)."""
         names = list(dict.fromkeys(queues))
         now = self._clock()
         with self._lock:
-            known = {q: v for q in names if (v := self._cache.get(q)) and v[0] > now}
+            known = {q: v for q in names if not fresh and (v := self._cache.get(q)) and v[0] > now}
         missing: Sequence[str] = [q for q in names if q not in known]
         if missing:
             found = self._plane.store.get_data_keys([PREFIX + q for q in missing])

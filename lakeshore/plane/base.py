@@ -4,11 +4,13 @@ reads the other parts build on."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
+from .. import logs
 from ..clock import Clock
 from ..errors import QueueNotFound, UnknownInvocation
 from .changes import Changes
@@ -16,6 +18,8 @@ from .model import Invocation, QueueSpec
 from .store import Store, wake_objects
 
 __all__ = ["PlaneBase", "Update"]
+
+_log = logging.getLogger("dreamlake.lakeshore.plane")
 
 #: one compare-and-set for :meth:`Store.update_many_if`: ``(id, expect, changes)``
 Update: TypeAlias = tuple[str, Mapping[str, Any], Mapping[str, Any]]
@@ -79,18 +83,31 @@ class PlaneBase:
             idle.add(name)
         return spec
 
-    def wake_idle(self, queues: Iterable[str]) -> None:
+    def wake_idle(self, queues: Iterable[str], *, marked: bool = False) -> None:
         """New work on ``queues``, after it is written: on a store with wake objects (the
         DynamoDB + S3 plane) the workers watching an idle one's object look now, not at
-        their fallback claim. Every way work becomes claimable goes through here — a
-        submit (for the queues its read found marked), a retry, a hand-back, a lease the
-        sweep hands on, a queue resumed — whoever asks it of the plane (an API request,
-        the ``aws://`` transport, the sweeper). A queue not marked costs a refused
-        conditional write; a submit to a busy queue costs nothing."""
+        their fallback claim. A submit (for the queues its spec read found marked:
+        ``marked``), a retry, a failure its policy retries, a hand-back, a lease the
+        sweep hands on and a queue's settings changed or resumed come through here,
+        whoever asks it of the plane (an API request, the ``aws://`` transport, the
+        sweeper); a slot freed under a running cap does not (the worker that freed it
+        claims next). A queue not known marked is read first (an eventually consistent
+        read: a mark set a moment ago may be missed, and its workers then claim at their
+        fallback). Best effort: the write it follows stands whatever happens here; a
+        wake that fails is logged, and its queue's workers claim at their fallback."""
         wakes = wake_objects(self.store)
-        if wakes is not None:
-            for name in sorted(set(queues)):
-                wakes.wake(name)
+        if wakes is None:
+            return
+        for name in sorted(set(queues)):
+            try:
+                if (marked or wakes.queue_and_idle(name)[1]) and wakes.wake(name):
+                    logs.event(_log, "queue.woken", queue=name)
+            except Exception:
+                _log.warning(
+                    "waking idle queue %r failed; its workers claim at their fallback",
+                    name,
+                    exc_info=True,
+                )
 
     def get(self, inv_id: str) -> Invocation:
         """The record of one invocation. Raises :class:`UnknownInvocation`."""

@@ -60,7 +60,7 @@ class ProducerOps(PlaneBase):
             [inv.id for inv in invs],
             due_now=all(inv.available_at <= now for inv in invs),
         )
-        self.wake_idle(idle)
+        self.wake_idle(idle, marked=True)
         for inv, found in zip(invs, existing, strict=True):
             if found is not None and found.request_digest != inv.request_digest:
                 raise IdempotencyConflict(f"invocation {inv.id!r} exists with a different request")

@@ -82,6 +82,7 @@ class QueueOps(PlaneBase):
         if not self.store.replace_queue(new, now):
             raise QueueNotFound(f"queue {name!r} does not exist")
         self._changes.notify()
+        self.wake_idle([name])  # (its running cap raised, say: its idle workers look again)
         return new
 
     def delete_queue(self, name: str, *, force: bool = False) -> int:

@@ -263,10 +263,12 @@ class WakeObjects(Protocol):
         in one read."""
         ...
 
-    def mark_idle(self, name: str, now: float) -> str | None:
+    def mark_idle(self, name: str, now: float) -> tuple[str, bool]:
         """Mark the queue idle unless it is, make sure its wake object exists, and
-        return the object's ETag (as of after the mark); None if there is no such
-        queue (nothing to mark)."""
+        return the object's ETag (as of after the mark) and whether the queue exists
+        (a queue that does not has no mark to set, but its object is made all the
+        same: its watchers look at an object, not at a 404, until a submit creates
+        the queue and rewrites it)."""
         ...
 
     def wake(self, name: str, *, created: bool = False) -> bool:

@@ -337,6 +337,10 @@ class WorkerOps(PlaneBase):
                 for (inv_id, token, _, _), updated in zip(items, written, strict=True)
             ]
         self._changes.finished(a for a in answers if isinstance(a, Invocation))
+        # (a failure its policy retries: claimable again once its backoff ends)
+        self.wake_idle(
+            a.queue for a in answers if isinstance(a, Invocation) and a.state is State.PENDING
+        )
         return answers
 
     def _failure_update(
@@ -474,7 +478,9 @@ class WorkerOps(PlaneBase):
         now = self.clock.now()
         held = _holds(rec, lease_token)
         if held and _past_deadline(rec, now):
-            self._expire_lease(rec, now)
+            ended = self._expire_lease(rec, now)
+            if ended is not None and ended.state is State.PENDING:
+                self.wake_idle([rec.queue])  # (its policy retries it)
             return LeaseLost(
                 f"invocation {inv_id!r} ran past its timeout of {rec.timeout:g}s; "
                 "its answer is refused"

@@ -40,6 +40,7 @@ atomic under threads): tests serialise moto requests themselves.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import secrets
 import time
@@ -223,10 +224,10 @@ class DynamoStore(DynamoIndexes):
                 return _spec(out["Item"]), K.Q_IDLE in out["Item"]
         return None, False
 
-    def mark_idle(self, name: str, now: float) -> str | None:
-        """Set the mark unless it is set (a refused condition when it is: one write
-        unit); then the object's ETag: written now if the mark is new, else read (HEAD),
-        written if missing."""
+    def mark_idle(self, name: str, now: float) -> tuple[str, bool]:
+        """Set the mark unless it is set (a refused condition when it is, or when there
+        is no such queue: one write unit); then the object's ETag: written now if the
+        mark is new, else read (HEAD), written if missing."""
         newly = self._update_queue(
             name,
             "SET #i = :t",
@@ -234,23 +235,36 @@ class DynamoStore(DynamoIndexes):
             {"#i": K.Q_IDLE},
             {":t": num(now)},
         )
-        if not newly:
-            if self._queue_read(name)[0] is None:
-                return None
-            try:
-                head = self._s3.head_object(Bucket=self._bucket, Key=K.wake_key(name))
-                return str(head["ETag"])
-            except ClientError as exc:
-                if error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
-                    raise
-        return self._put_wake(name)
+        if newly:
+            return self._put_wake(name), True
+        exists = self._queue_read(name)[0] is not None
+        try:
+            head = self._s3.head_object(Bucket=self._bucket, Key=K.wake_key(name))
+            return str(head["ETag"]), exists
+        except ClientError as exc:
+            if error_code(exc) not in ("404", "NoSuchKey", "NotFound"):
+                raise
+        return self._put_wake(name), exists
 
     def wake(self, name: str, *, created: bool = False) -> bool:
         woke = created or self._update_queue(
             name, "REMOVE #i", "attribute_exists(#i)", {"#i": K.Q_IDLE}, {}
         )
         if woke:
-            self._put_wake(name)
+            try:
+                self._put_wake(name)
+            except Exception:
+                # the object still says nothing: mark the queue idle again (best effort),
+                # so the next new work tries the wake again
+                with contextlib.suppress(Exception):
+                    self._update_queue(
+                        name,
+                        "SET #i = :t",
+                        "attribute_exists(#k)",
+                        {"#i": K.Q_IDLE},
+                        {":t": num(time.time())},
+                    )
+                raise
         return woke
 
     def wake_url(self, name: str, ttl: int) -> str:
