@@ -575,6 +575,45 @@ def test_a_remote_traceback_names_the_file_of_a_function_sent_by_value(
     assert "<dynamic-code>" not in tb
     for line, name in [(14, "train"), (10, "run"), (10, "<listcomp>"), (3, "check")]:
         assert f'File "{script}", line {line}, in {name}' in tb, tb
+    assert 'raise ValueError(f"negative: {x}")' in tb  # (the worker has the same file)
+
+
+def test_a_remote_traceback_shows_no_lines_of_another_file_at_the_script_s_path(
+    tmp_path: Path, q: dls.SyncQueue, workers: Callable[..., Any]
+) -> None:
+    # Given a function sent by value from a script the worker has another version of
+    script = tmp_path / "job.py"
+    scope: dict[str, Any] = {"__name__": "__main__", "__file__": str(script)}
+    exec(compile(SCRIPT, str(script), "exec"), scope)
+    script.write_text("\n".join(f"unrelated_{n} = {n}" for n in range(30)) + "\n")
+    workers()
+    with pytest.raises(ValueError) as info:
+        q.result(q.submit(scope["train"], 4), timeout=WAIT)
+    # Then its traceback names the file and lines, and shows none of the other file's
+    tb = info.value.remote_traceback
+    assert f'File "{script}", line 3, in check' in tb
+    assert "unrelated_" not in tb
+
+
+def test_a_function_by_reference_whose_module_holds_a_touchy_proxy_runs(
+    tmp_path: Path, q: dls.SyncQueue, workers: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a module (importable on the worker: sent by reference) holding an object
+    # whose every attribute lookup raises (a context-bound proxy, as Flask's)
+    (tmp_path / "touchy_jobs.py").write_text(
+        "class Proxy:\n"
+        "    def __getattr__(self, name):\n"
+        "        raise RuntimeError('working outside of a context')\n"
+        "current = Proxy()\n"
+        "def double(x):\n"
+        "    return 2 * x\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import touchy_jobs  # type: ignore[import-not-found]
+
+    workers()
+    # Then it runs as any other
+    assert q.result(q.submit(touchy_jobs.double, 21), timeout=WAIT) == 42
 
 
 def test_exception_that_cannot_be_rebuilt_is_a_remote_error(

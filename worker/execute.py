@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import linecache
 import os
 import pickle
 import subprocess
@@ -213,24 +214,50 @@ def _name_files(fn: Any) -> None:
     from ``<dynamic-code>``, and keeps its module's ``__file__`` in the globals it
     rebuilds. The function and the by-value functions and methods sharing those globals
     (the helpers of the same script), nested code included, are named from it. A
-    function defined where there is no file (a notebook cell) keeps the placeholder."""
+    function defined where there is no file (a notebook cell) keeps the placeholder,
+    and so does one sent by reference (its code names its file already). The file is
+    the producer's: its lines are shown only where the worker's file at that path has
+    the function where its code says (else none, rather than another file's). Cosmetic:
+    whatever goes wrong here leaves the function as it came."""
+    code = getattr(fn, "__code__", None)
     scope = getattr(fn, "__globals__", None)
+    if not isinstance(code, types.CodeType) or code.co_filename != _DYNAMIC:
+        return
     path = scope.get("__file__") if isinstance(scope, dict) else None
     if not isinstance(path, str) or not path:
         return
-    assert scope is not None
-    found: list[Any] = [fn, *scope.values()]
-    for value in list(found[1:]):
-        if isinstance(value, type):
-            found.extend(vars(value).values())
-    for value in found:
-        inner = getattr(value, "__func__", value)  # (a classmethod's or staticmethod's)
-        if (
-            isinstance(inner, types.FunctionType)
-            and inner.__globals__ is scope
-            and inner.__code__.co_filename == _DYNAMIC
-        ):
-            inner.__code__ = _named(inner.__code__, path)
+    try:
+        found: list[Any] = [fn, *scope.values()]
+        for value in list(found[1:]):
+            if isinstance(value, type):
+                found.extend(vars(value).values())
+        for value in found:
+            if isinstance(value, staticmethod | classmethod | types.MethodType):
+                value = value.__func__
+            if (
+                isinstance(value, types.FunctionType)
+                and value.__globals__ is scope
+                and value.__code__.co_filename == _DYNAMIC
+            ):
+                value.__code__ = _named(value.__code__, path)
+        _lines_or_none(path, code)
+    except Exception:
+        pass
+
+
+def _lines_or_none(path: str, code: types.CodeType) -> None:
+    """Keep a traceback from showing another file's lines for ``path``: unless the
+    worker's file at ``path`` defines ``code`` where it starts (its decorators first),
+    tell ``linecache`` the file has none (an entry without a time, which its checks
+    leave alone)."""
+    first = code.co_firstlineno
+    head = "".join(linecache.getline(path, n) for n in range(first, first + _DECORATORS))
+    if f"def {code.co_name}(" not in head and "lambda" not in head:
+        linecache.cache[path] = (0, None, [], path)
+
+
+#: lines a function's decorators may take before its ``def``
+_DECORATORS = 20
 
 
 def _named(code: types.CodeType, path: str) -> types.CodeType:
