@@ -1162,6 +1162,7 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             if self._stall is not None:
                 self._stall.cancel()
                 self._stall = None
+            self._unset_keepalive_if_required()  # (uvicorn's only on a clean close)
             super().connection_lost(exc)
 
         def on_message_begin(self) -> None:

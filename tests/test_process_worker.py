@@ -296,6 +296,25 @@ def test_a_daemon_follows_queue_and_concurrency_updates_without_restart(
     assert again.stopped_at is None
 
 
+def test_a_daemon_whose_worker_fails_is_not_shown_stopped(
+    dp: dls.Dispatch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dreamlake.lakeshore.worker.daemon import Daemon
+
+    # Given a daemon whose worker's loop raises (a crash: not a stop of its own accord)
+    def crash(self: ProcessWorker) -> int:
+        raise RuntimeError("the worker's loop failed")
+
+    monkeypatch.setattr(ProcessWorker, "run", crash)
+    daemon = Daemon(dp, "gpu-9", queues=["q"], heartbeat_every=60, state_dir=tmp_path)
+    with pytest.raises(RuntimeError, match="loop failed"):
+        daemon.run()
+    # Then its record says nothing of a stop (it falls silent, as a killed one does)
+    assert daemon.record is not None
+    (rec,) = [d for d in dp.transport.list_daemons() if d.id == daemon.record.id]
+    assert rec.stopped_at is None
+
+
 def touch(path: str) -> dict[str, str]:
     Path(path).write_text("ran")
     return {"touched": path}

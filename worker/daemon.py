@@ -137,7 +137,9 @@ class Daemon:
             transport = self.dispatch.transport
             if not self.persist:  # (a fresh identity each start: gone with this process)
                 self._last_word(lambda: transport.remove_daemon(rec.id))
-            elif ended:  # (its record stays: shown stopped, not silent as if it crashed)
+            elif ended and not beat.is_alive():
+                # (its record stays: shown stopped, not silent as if it crashed; not said
+                # while a heartbeat may still land after it and say it runs)
                 self._last_word(lambda: transport.daemon_heartbeat(rec.id, 0, stopped=True))
             restore_worker()
             restore_early()

@@ -223,7 +223,9 @@ def _name_files(fn: Any) -> None:
     scope = getattr(fn, "__globals__", None)
     if not isinstance(code, types.CodeType) or code.co_filename != _DYNAMIC:
         return
-    path = scope.get("__file__") if isinstance(scope, dict) else None
+    if not isinstance(scope, dict):
+        return
+    path = scope.get("__file__")
     if not isinstance(path, str) or not path:
         return
     try:

@@ -135,7 +135,7 @@ class _Failing:
             if last is not None and now - last < _FAILING_REMINDER:
                 return
             self._told[kind] = now
-        if kind == "Unauthorized":
+        if "unknown or wrong token" in reason:
             reason += _TOKEN_HINT
         if first:
             log.warning("lakeshore worker: a claim failed: %s; retrying", reason)

@@ -209,21 +209,24 @@ def error_view(exc: Exception) -> dict[str, str]:
     return {"code": code, "message": reason(exc)}
 
 
-#: a run of characters no reason needs whole: an over-long id or name echoed back
-_LONG_RUN = re.compile(r"\S{121,}")
-_QUOTES = "'\""
+#: characters past which a name quoted in a reason is cut: longer than any valid name (a
+#: queue's is at most 256), so only one that is refused for its length, or names
+#: nothing, is
+_LONGEST = 256
+#: a quoted name past that, and any other run of characters past it with nothing between
+_LONG_QUOTED = re.compile(r"(['\"])([^'\"\s]{" + str(_LONGEST + 1) + r",})\1")
+_LONG_RUN = re.compile(r"\S{" + str(_LONGEST + 64) + ",}")
+#: characters of a cut name kept
+_KEPT = 60
 
 
 def reason(exc: Exception) -> str:
     """The one line an error answer says: the message's first line (the code's name for
-    an empty one), each run of over 120 non-blank characters in it (a 5,000-character id
-    that names nothing, quoted back) cut to its first 60 and its length."""
+    an empty one), a name over 256 characters quoted in it (a 5,000-character id that
+    names nothing, quoted back) cut to its first 60 and its length."""
     text = str(exc)
     line = text.splitlines()[0] if text.strip() else getattr(exc, "code", "error")
-
-    def cut(m: re.Match[str]) -> str:
-        run = m.group()
-        quote = run[0] if run[0] in _QUOTES and run[-1] == run[0] else ""
-        return f"{run[:60]}…{quote} ({len(run):,} characters)"
-
-    return _LONG_RUN.sub(cut, line)
+    line = _LONG_QUOTED.sub(
+        lambda m: f"{m[1]}{m[2][:_KEPT]}…{m[1]} ({len(m[2]):,} characters)", line
+    )
+    return _LONG_RUN.sub(lambda m: f"{m[0][:_KEPT]}… ({len(m[0]):,} characters)", line)

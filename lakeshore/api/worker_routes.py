@@ -63,7 +63,7 @@ def _unreadable(result: bytes) -> InvalidRequest | None:
 def _refused(inv_id: str, exc: Exception) -> dict[str, str]:
     """One item's refusal as a batch answer carries it, logged."""
     view = error_view(exc)
-    logs.event(_log, "answer.refused", inv_id, code=view["code"], reason=view["message"])
+    logs.event(_log, "answer.refused", inv_id, code=view["code"], reason=str(exc))
     return view
 
 

@@ -39,7 +39,6 @@ __all__ = [
 ]
 
 _QUEUE_FIELDS = frozenset(f.name for f in fields(QueueSpec))
-_DAEMON_FIELDS = frozenset(f.name for f in fields(DaemonRecord))
 
 
 def submission_body(sub: Submission) -> dict[str, Any]:
@@ -136,7 +135,7 @@ def log_entry_of(raw: Mapping[str, Any]) -> LogEntry:
 
 
 def daemon_of(raw: Mapping[str, Any]) -> DaemonRecord:
-    return DaemonRecord(**{k: v for k, v in raw.items() if k in _DAEMON_FIELDS})
+    return DaemonRecord.from_doc(dict(raw))
 
 
 def only_answer(answer: Mapping[str, Any]) -> dict[str, Any]:

@@ -186,6 +186,24 @@ class DaemonRecord:
     #: it runs, and for one that was killed or lost its host (then it falls silent)
     stopped_at: float | None = None
 
+    def doc(self) -> dict[str, Any]:
+        """The record as a store keeps it: its fields, but those added since the first
+        version left out while unset, so code of that version reads it too (a
+        downgrade, or old and new functions side by side while a stack deploys)."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        if doc["stopped_at"] is None:
+            del doc["stopped_at"]
+        return doc
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> DaemonRecord:
+        """A record from a stored or sent doc; fields this version does not know (a
+        newer one's) are left out."""
+        return cls(**{k: v for k, v in doc.items() if k in _DAEMON_FIELDS})
+
+
+_DAEMON_FIELDS = frozenset(f.name for f in fields(DaemonRecord))
+
 
 @dataclass(frozen=True)
 class LogEntry:

@@ -107,7 +107,7 @@ class DynamoExtras:
 
     def get_daemon(self, daemon_id: str) -> DaemonRecord | None:
         doc = self._get_record(K.REC_DAEMON, daemon_id)
-        return None if doc is None else DaemonRecord(**doc)
+        return None if doc is None else DaemonRecord.from_doc(doc)
 
     def change_daemon(
         self, daemon_id: str, change: Callable[[DaemonRecord | None], DaemonRecord | None]
@@ -116,7 +116,7 @@ class DynamoExtras:
         for _ in range(_CHANGE_TRIES):
             out = self._ddb.get_item(TableName=self._records, Key=key, ConsistentRead=True)
             old = out["Item"][K.REC_DOC]["B"] if "Item" in out else None
-            rec = change(None if old is None else DaemonRecord(**unpack(old)))
+            rec = change(None if old is None else DaemonRecord.from_doc(unpack(old)))
             if rec is None:
                 return None
             # written only over the record as read (or none): another write since, read again
@@ -135,7 +135,7 @@ class DynamoExtras:
             try:
                 self._ddb.put_item(
                     TableName=self._records,
-                    Item={**key, K.REC_DOC: {"B": pack(asdict(rec))}},
+                    Item={**key, K.REC_DOC: {"B": pack(rec.doc())}},
                     **condition,
                 )
                 return rec
@@ -145,7 +145,7 @@ class DynamoExtras:
         raise Unavailable(f"daemon {daemon_id!r} kept changing under this write; retry")
 
     def list_daemons(self) -> list[DaemonRecord]:
-        return [DaemonRecord(**d) for d in self._list_records(K.REC_DAEMON)]
+        return [DaemonRecord.from_doc(d) for d in self._list_records(K.REC_DAEMON)]
 
     def delete_daemon(self, daemon_id: str) -> bool:
         out = self._ddb.delete_item(

@@ -884,23 +884,23 @@ class SqliteStore:
 
     def get_daemon(self, daemon_id: str) -> DaemonRecord | None:
         doc = self._get_doc("daemons", daemon_id)
-        return None if doc is None else DaemonRecord(**doc)
+        return None if doc is None else DaemonRecord.from_doc(doc)
 
     def change_daemon(
         self, daemon_id: str, change: Callable[[DaemonRecord | None], DaemonRecord | None]
     ) -> DaemonRecord | None:
         with self._tx() as db:  # (the write lock from the read on: nobody writes between)
             row = db.execute("SELECT doc FROM daemons WHERE id = ?", (daemon_id,)).fetchone()
-            rec = change(None if row is None else DaemonRecord(**_unpack(row[0])))
+            rec = change(None if row is None else DaemonRecord.from_doc(_unpack(row[0])))
             if rec is not None:
                 db.execute(
                     "INSERT OR REPLACE INTO daemons (id, doc) VALUES (?, ?)",
-                    (daemon_id, _pack(asdict(rec))),
+                    (daemon_id, _pack(rec.doc())),
                 )
         return rec
 
     def list_daemons(self) -> list[DaemonRecord]:
-        return [DaemonRecord(**d) for d in self._all_docs("daemons")]
+        return [DaemonRecord.from_doc(d) for d in self._all_docs("daemons")]
 
     def delete_daemon(self, daemon_id: str) -> bool:
         with self._tx() as db:
