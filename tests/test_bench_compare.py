@@ -65,3 +65,17 @@ def test_the_harness_runs_every_lakeshore_workload_and_writes_its_report(tmp_pat
     # and the report is a markdown table with a row per workload
     for row in ("B p50 (ms)", "A jobs/s", "C 1 MiB (ms)", "D 20 ms RTT (s)", "E jobs/s (dev)"):
         assert f"| {row} |" in proc.stdout, proc.stdout
+
+
+def test_the_hand_off_benchmark_runs_both_cases_on_one_cpu_and_on_all() -> None:
+    # Given benchmarks/handoff.py with tiny sizes (its embedded case checks each result)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "handoff.py"), "--runs", "1", "--calls", "20"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    # Then it succeeds and reports a row for each case, each with both figures
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {line.split("|")[1].strip(): line for line in proc.stdout.splitlines() if "|" in line}
+    for case in ("pingpong", "embedded"):
+        cells = [c.strip() for c in rows[case].split("|")[2:4]]
+        assert all(float(c) > 0 for c in cells), rows[case]
