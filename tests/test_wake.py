@@ -39,7 +39,7 @@ from dreamlake.lakeshore.plane.store import wake_objects
 from dreamlake.lakeshore.stores import SqliteStore
 from dreamlake.lakeshore.stores import keys as K
 from dreamlake.lakeshore.submit import new_id
-from dreamlake.lakeshore.wire import encode_ref_call
+from dreamlake.lakeshore.wire import encode_ref_call, encode_result
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -598,3 +598,57 @@ def test_a_claim_made_on_a_resume_is_not_answered_from_a_cached_pause(stack: Sta
     other.update_queue(admin, "gated", {"paused": False})
     # Then its claim is not answered from the pause cached where it lands
     assert len(t.claim(["gated"], "w")) == 1
+
+
+def test_a_queue_made_before_its_first_submit_wakes_workers_watching_it(stack: Stack) -> None:
+    """The SDK makes a queue (``PUT /v1/queues``, or the plane's ``ensure_queue`` over
+    ``aws://``) before its first submit: workers watching its object since before it
+    existed look again then, or they would wait out the claim of a missing queue."""
+    worker, producer = stack.transport(), stack.transport()
+    for name, make in (
+        ("made-by-api", lambda n: producer.ensure_queue(QueueSpec(n))),
+        ("made-on-plane", lambda n: stack.plane.ensure_queue(QueueSpec(n))),
+    ):
+        assert worker.claim([name], "w", wait=0.0) == []  # watching; no queue, no mark
+        puts = stack.wake_puts()
+        make(name)
+        assert stack.wake_puts() == puts + 1
+        # and its first submit, the queue not marked (nobody claimed since), writes nothing
+        producer.submit([job(name)])
+        assert stack.wake_puts() == puts + 1
+        assert len(worker.claim([name], "w")) == 1
+
+
+def test_a_finish_on_a_capped_queue_wakes_the_workers_the_cap_turned_away(stack: Stack) -> None:
+    # Given a queue capped at one running call, two calls, one running and the queue's
+    # other workers turned away by the cap (idle: marked, watching its object)
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("capped", elasticity={"kind": "fixed", "max": 1}))
+    t.submit([job("capped"), job("capped")])
+    (first,) = t.claim(["capped"], "w1", limit=4)
+    assert t.claim(["capped"], "w2", limit=4) == []  # the cap: nothing for now
+    marked = stack.wake_puts()
+    # When the running call finishes, then the queue's object is rewritten once, and
+    # the turned-away worker takes the other call
+    t.complete(first.id, first.lease_token, encode_result(1)[0])
+    assert stack.wake_puts() == marked + 1
+    (second,) = t.claim(["capped"], "w2", limit=4)
+    # When a call is cancelled while it runs, that frees the slot too
+    (third,) = t.submit([job("capped")])
+    assert t.claim(["capped"], "w3", limit=4) == []  # capped again: marked
+    marked = stack.wake_puts()
+    assert t.cancel(second.id) is State.CANCELLED
+    assert stack.wake_puts() == marked + 1
+    assert [c.id for c in t.claim(["capped"], "w3")] == [third]
+
+
+def test_finishes_on_a_queue_without_a_cap_write_nothing_extra(stack: Stack) -> None:
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("free"))
+    (inv_id,) = t.submit([job("free")])
+    (claim,) = t.claim(["free"], "w")
+    assert t.claim(["free"], "w2") == []  # idle: marked
+    marked = stack.wake_puts()
+    t.complete(claim.id, claim.lease_token, encode_result(1)[0])
+    assert stack.plane.get(inv_id).state is State.SUCCEEDED
+    assert stack.wake_puts() == marked  # no slot to free: the watchers keep watching

@@ -325,14 +325,6 @@ class Service(WorkerRoutes):
                 if not any(self.plane.counts(name).values()):
                     self.plane.delete_queue(name)
             raise
-        if self.wakes is not None:
-            # (the plane woke the queues marked idle; a new queue had no mark to set, but
-            # workers may watch it since before it existed)
-            for name in created:
-                try:
-                    self.wakes.wake(name, created=True)
-                except Exception:  # (best effort, as the plane's: the submit stands)
-                    _log.warning("waking new queue %r failed", name, exc_info=True)
         per_queue: dict[str, int] = {}
         for sub in subs:
             per_queue[sub.queue] = per_queue.get(sub.queue, 0) + 1

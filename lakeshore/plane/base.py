@@ -7,6 +7,7 @@ import contextlib
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias, cast
 
@@ -14,7 +15,8 @@ from .. import logs
 from ..clock import Clock
 from ..errors import QueueNotFound, UnknownInvocation
 from .changes import Changes
-from .model import Invocation, QueueSpec
+from .kinds import running_cap
+from .model import FINISHED, Invocation, QueueSpec
 from .store import Store, wake_objects
 
 __all__ = ["PlaneBase", "Update"]
@@ -23,6 +25,11 @@ _log = logging.getLogger("dreamlake.lakeshore.plane")
 
 #: one compare-and-set for :meth:`Store.update_many_if`: ``(id, expect, changes)``
 Update: TypeAlias = tuple[str, Mapping[str, Any], Mapping[str, Any]]
+
+#: seconds a plane trusts what it read of whether a queue has a running cap (see
+#: :meth:`PlaneBase._finished`): a cap set from another process wakes on finishes
+#: within this
+CAP_TTL = 5.0
 
 
 class PlaneBase:
@@ -45,6 +52,8 @@ class PlaneBase:
     _next_purge: float
     _sweep_lock: threading.Lock
     _touched: dict[str, float]
+    #: queue → (monotonic time it is read again, whether it has a running cap)
+    _caps: dict[str, tuple[float, bool]]
     #: told when the plane fails an attempt itself (its lease ran out past the call's
     #: timeout: the worker's late answer, or the sweep), with the record as it ran, the
     #: outcome ("failed" for good, or "retried" by the call's policy) and the error
@@ -90,8 +99,8 @@ class PlaneBase:
         ``marked``), a retry, a failure its policy retries, a hand-back, a lease the
         sweep hands on and a queue's settings changed or resumed come through here,
         whoever asks it of the plane (an API request, the ``aws://`` transport, the
-        sweeper); a slot freed under a running cap does not (the worker that freed it
-        claims next). A queue not known marked is read first (an eventually consistent
+        sweeper), and a finish on a queue with a running cap (:meth:`_finished`). A
+        queue not known marked is read first (an eventually consistent
         read: a mark set a moment ago may be missed, and its workers then claim at their
         fallback). Best effort: the write it follows stands whatever happens here; a
         wake that fails is logged, and its queue's workers claim at their fallback."""
@@ -108,6 +117,40 @@ class PlaneBase:
                     name,
                     exc_info=True,
                 )
+
+    def _finished(self, records: Iterable[Invocation]) -> None:
+        """Records written finished, or pending again: the process's waits are told.
+        On a store with wake objects a finish on a queue with a running cap also wakes
+        the queue (:meth:`wake_idle`: if it is marked idle): it frees a slot, and the
+        workers the cap turned away watch the queue's object. The worker that freed the
+        slot may claim no more (its other slots wait on that object too, it is
+        stopping, it serves other queues)."""
+        done = list(records)
+        self._changes.finished(done)
+        if wake_objects(self.store) is None:
+            return
+        capped = []
+        for name in sorted({r.queue for r in done if r.state in FINISHED}):
+            try:
+                if self._capped(name):
+                    capped.append(name)
+            except Exception:  # (best effort, as the wake itself: the finish stands)
+                _log.warning("reading queue %r's running cap failed", name, exc_info=True)
+        self.wake_idle(capped)
+
+    def _capped(self, name: str) -> bool:
+        """Whether the queue has a running cap, as read in the last :data:`CAP_TTL`
+        seconds (a queue that does not exist has none)."""
+        now = time.monotonic()
+        known = self._caps.get(name)
+        if known is not None and known[0] > now:
+            return known[1]
+        spec = self.store.get_queue(name)
+        capped = spec is not None and running_cap(spec) is not None
+        if len(self._caps) > 4096:
+            self._caps.clear()
+        self._caps[name] = (now + CAP_TTL, capped)
+        return capped
 
     def get(self, inv_id: str) -> Invocation:
         """The record of one invocation. Raises :class:`UnknownInvocation`."""

@@ -85,6 +85,7 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
         self._next_purge = 0.0
         self._sweep_lock = threading.Lock()
         self._touched: dict[str, float] = {}
+        self._caps: dict[str, tuple[float, bool]] = {}
         self.on_attempt_ended = None
 
     def inline_limit(self) -> int:

@@ -241,7 +241,7 @@ class ProducerOps(PlaneBase):
                 expect = {"state": State.RUNNING, "lease_token": rec.lease_token}
             updated = self.store.update_if(inv_id, expect, changes)
             if updated is not None:
-                self._changes.finished([updated])
+                self._finished([updated])
                 return updated.state
 
     def list_invocations(

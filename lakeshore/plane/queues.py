@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,8 +16,11 @@ from .kinds import (
     validate_spec,
 )
 from .model import QueueSpec, State
+from .store import wake_objects
 
 __all__ = ["QueueOps"]
+
+_log = logging.getLogger("dreamlake.lakeshore.plane")
 
 
 class QueueOps(PlaneBase):
@@ -36,8 +40,22 @@ class QueueOps(PlaneBase):
                 raise QueueNotFound(f"queue {spec.name!r} does not exist (strict mode)")
             now = self.clock.now()
             stored = self.store.put_queue(anneal_origin(spec, now, 0), now)
+            self._wake_created(spec.name)
         check_settings(spec, stored, check)
         return stored
+
+    def _wake_created(self, name: str) -> None:
+        """A queue just made: on a store with wake objects, workers may watch its object
+        since before it existed (a queue that does not exist has no idle mark to set),
+        so it is rewritten whoever made the queue (an API submit or ``PUT``, the
+        ``aws://`` transport). Best effort, as :meth:`wake_idle`."""
+        wakes = wake_objects(self.store)
+        if wakes is None:
+            return
+        try:
+            wakes.wake(name, created=True)
+        except Exception:
+            _log.warning("waking new queue %r failed", name, exc_info=True)
 
     def list_queues(self) -> list[dict[str, Any]]:
         """Every queue with its last activity (submit or claim) and counts by state."""

@@ -282,7 +282,7 @@ class WorkerOps(PlaneBase):
                 updated if updated is not None else self._refusal(inv_id, token)
                 for (inv_id, token, _), updated in zip(items, answers, strict=True)
             ]
-        self._changes.finished(updated for updated in answers if updated is not None)
+        self._finished(updated for updated in answers if updated is not None)
         return out
 
     def _success_changes(self, result: bytes, now: float) -> dict[str, Any]:
@@ -336,7 +336,7 @@ class WorkerOps(PlaneBase):
                 updated if updated is not None else self._refusal(inv_id, token)
                 for (inv_id, token, _, _), updated in zip(items, written, strict=True)
             ]
-        self._changes.finished(a for a in answers if isinstance(a, Invocation))
+        self._finished(a for a in answers if isinstance(a, Invocation))
         # (a failure its policy retries: claimable again once its backoff ends)
         self.wake_idle(
             a.queue for a in answers if isinstance(a, Invocation) and a.state is State.PENDING
@@ -467,7 +467,7 @@ class WorkerOps(PlaneBase):
         changes = self._failure_changes(rec, error, retryable, self.clock.now())
         updated = self.store.update_if(rec.id, _held(rec.lease_token), changes)
         if updated is not None:
-            self._changes.finished([updated])
+            self._finished([updated])
         return updated
 
     def _refusal(self, inv_id: str, lease_token: str) -> Exception:
@@ -575,7 +575,7 @@ class WorkerOps(PlaneBase):
             }
         updated = self.store.update_if(rec.id, expect, changes)
         if updated is not None:
-            self._changes.finished([updated])
+            self._finished([updated])
         return updated
 
 
