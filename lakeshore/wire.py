@@ -311,8 +311,16 @@ def check_result(data: bytes) -> None:
         raise InvalidRequest(f"unknown result kind {kind!r}")
     if kind == "pickle" and not isinstance(env.get("data"), bytes):
         raise InvalidRequest("pickle result envelope needs bytes")
+    if kind == "msgpack" and "data" not in env:
+        raise InvalidRequest("msgpack result envelope needs 'data'")
     if kind == "blob" and not is_digest(env.get("digest")):
         raise InvalidRequest("blob result envelope needs a sha256 digest")
+    if kind == "data":
+        keys = env.get("keys")
+        if not isinstance(env.get("value"), str) or not isinstance(keys, list):
+            raise InvalidRequest("data result envelope needs 'value' (a str) and 'keys' (a list)")
+        if not all(isinstance(k, str) for k in keys):
+            raise InvalidRequest("data result envelope's keys must be strings")
 
 
 def _result_envelope(data: bytes) -> dict[str, Any]:

@@ -385,6 +385,10 @@ def test_wait_returns_finished_views_and_times_out_empty(api: Api) -> None:
         msgpack.packb({"v": 1, "kind": "msgpack", "data": {1: "int key"}}),
         msgpack.packb({"v": 1, "kind": "pickle", "data": "not bytes"}),
         msgpack.packb({"v": 1, "kind": "blob", "digest": "not a digest"}),
+        msgpack.packb({"v": 1, "kind": "blob", "digest": "0" * 64}),
+        msgpack.packb({"v": 1, "kind": "msgpack"}),
+        msgpack.packb({"v": 1, "kind": "data"}),
+        msgpack.packb({"v": 1, "kind": "data", "value": "s3://b/k", "keys": [1]}),
     ],
     ids=[
         "not msgpack",
@@ -395,6 +399,10 @@ def test_wait_returns_finished_views_and_times_out_empty(api: Api) -> None:
         "int map key",
         "pickle not bytes",
         "blob not a digest",
+        "blob not on the plane",
+        "msgpack without data",
+        "data without value",
+        "data key not a string",
     ],
 )
 def test_a_result_no_reader_could_decode_is_refused_on_its_own(api: Api, result: bytes) -> None:

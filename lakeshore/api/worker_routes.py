@@ -20,7 +20,7 @@ from ..metrics import Registry
 from ..plane import Plane
 from ..plane.model import Claim, Invocation, State
 from ..plane.store import WakeObjects
-from ..wire import check_result
+from ..wire import check_result, result_blob
 from .auth import Identity
 from .codec import NUM, OPT_NUM, as_bytes, error_view, fields
 
@@ -279,6 +279,7 @@ class WorkerRoutes:
         # A result no reader could decode is refused on its own (nothing is written for
         # it); the others of the batch are recorded.
         outcomes: list[Invocation | Exception | None] = [_unreadable(r) for r in results]
+        self._refuse_missing_blobs(results, outcomes)
         readable = [i for i, refused in enumerate(outcomes) if refused is None]
         recorded = self.plane.complete_records(
             [(items[i]["id"], items[i]["lease_token"], results[i]) for i in readable]
@@ -294,6 +295,27 @@ class WorkerRoutes:
                 answers.append({"id": x["id"], "ok": True, "error": None})
                 self._finished(answer, "succeeded")
         return {"answers": answers}
+
+    def _refuse_missing_blobs(
+        self, results: list[bytes], outcomes: list[Invocation | Exception | None]
+    ) -> None:
+        """A readable result that stands for a blob the plane does not hold is refused on
+        its own, as an unreadable one is (its reader could not fetch it): a worker
+        uploads a result's blob before the completion that names it."""
+        refs = {
+            i: ref
+            for i, result in enumerate(results)
+            if outcomes[i] is None and (ref := result_blob(result)) is not None
+        }
+        if not refs:
+            return
+        missing = self.plane.missing_blobs(refs.values())
+        for i, ref in refs.items():
+            if ref in missing:
+                outcomes[i] = InvalidRequest(
+                    f"the result envelope names blob {ref[:12]}…, which is not on the plane:"
+                    " upload it before the completion"
+                )
 
     def fail(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any]:
         ident.require("worker")
