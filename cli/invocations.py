@@ -209,7 +209,8 @@ def ls(
     plane: PlaneOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """A queue's invocations, oldest first, a page of --limit at a time."""
+    """A queue's invocations by id (submission time, to the millisecond: calls submitted
+    in the same millisecond in no set order), a page of --limit at a time."""
     given = [q for q in (name, queue) if q is not None]
     if len(given) != 1 or not given[0]:
         raise fail("name the queue, as an argument or with --queue (one of them)", 2)
@@ -240,9 +241,14 @@ def cancel(
     token: TokenOpt = None,
     plane: PlaneOpt = None,
 ) -> None:
-    """Cancel a pending or running invocation (a running job is killed)."""
+    """Cancel a pending or running invocation (a running job is killed); one that has
+    finished is left as it is (exit 0, and the output says so)."""
     with open_plane(url, token, plane) as dp:
-        typer.echo(f"{inv_id}: {dp.transport.cancel(inv_id).value}")
+        state = dp.transport.cancel(inv_id)
+    if state is State.CANCELLED:
+        typer.echo(f"{inv_id}: cancelled")
+    else:
+        typer.echo(f"{inv_id}: already {state.value}; nothing to cancel")
 
 
 @invocations_app.command("retry")

@@ -449,6 +449,8 @@ def test_failures_heartbeats_and_stale_leases_answer_per_item(api: Api) -> None:
     )
     assert stale.status == 200
     assert stale.body["answers"][0]["error"]["code"] == "lease_lost"
+    # (the lease is live: the reason does not say it ran out, but names both causes)
+    assert "or the token is wrong" in stale.body["answers"][0]["error"]["message"]
     err = encode_error(ValueError("boom"))
     failed = worker.call(
         "POST",
@@ -691,6 +693,13 @@ def test_an_over_long_name_is_not_echoed_back_whole(api: Api) -> None:
     (item,) = ans.body["answers"]
     message = item["error"]["message"]
     assert "…' (4,000 characters)" in message and len(message) < 300, message
+    # and a submit's id far past its limit
+    ans = producer.call(
+        "POST", "/v1/invocations", {"invocations": [{"queue": "q", "id": "i" * 300, "ref": "m:f"}]}
+    )
+    assert ans.code == "invalid_request"
+    assert "'iii" in ans.body["error"]["message"]
+    assert "…' (300 characters)" in ans.body["error"]["message"]
     # a name as long as a valid one may be is said whole
     ans = producer.call("GET", "/v1/queues/" + "q" * 256)
     assert ans.code == "queue_not_found" and "q" * 256 in ans.body["error"]["message"]

@@ -338,6 +338,8 @@ def test_invocation_verbs(plane: str) -> None:
     assert run("invocations", "cancel", pending, "--plane", plane) == (0, f"{pending}: cancelled\n")
     with thread_worker(plane, "jobs"):
         assert run("invocations", "wait", boom, "--plane", plane, "--timeout", "30")[0] == 1
+    done = f"{boom}: already failed; nothing to cancel\n"
+    assert run("invocations", "cancel", boom, "--plane", plane) == (0, done)
     code, out = run("invocations", "show", boom, "--plane", plane)
     assert code == 0 and "state: failed" in out and "CalledProcessError" in out
     assert run("invocations", "logs", boom, "--plane", plane) == (0, "failing\n")

@@ -317,7 +317,7 @@ def _validate_submission(sub: Submission) -> None:
     if not nameable(sub.id):
         raise InvalidRequest(
             "invocation id must be 1-128 letters, digits or -._~()'!*:@,;=+&$%<> []{}|^"
-            f" (no / ? # quotes or control characters): {sub.id[:40]!r}"
+            f" (no / ? # quotes or control characters): {sub.id!r}"
         )
     try:
         _check_options(sub)

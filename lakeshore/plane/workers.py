@@ -489,7 +489,8 @@ class WorkerOps(PlaneBase):
             return LeaseLost(f"invocation {inv_id!r} was cancelled; its answer is refused")
         if rec.lease_token != lease_token:
             return LeaseLost(
-                f"lease on {inv_id!r} is no longer held (expired and handed on); answer refused"
+                f"lease on {inv_id!r} is not held by this lease token (it ran out and was"
+                " handed on, or the token is wrong); answer refused"
             )
         return LeaseLost(f"invocation {inv_id!r} is {rec.state.value}; answer refused")
 
