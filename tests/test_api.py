@@ -700,6 +700,14 @@ def test_an_over_long_name_is_not_echoed_back_whole(api: Api) -> None:
     assert ans.code == "invalid_request"
     assert "'iii" in ans.body["error"]["message"]
     assert "…' (300 characters)" in ans.body["error"]["message"]
+    # and one of valid characters with spaces, which the reason does not cut at
+    spaced = ("i" * 99 + " ") * 200
+    ans = producer.call(
+        "POST", "/v1/invocations", {"invocations": [{"queue": "q", "id": spaced, "ref": "m:f"}]}
+    )
+    assert ans.code == "invalid_request"
+    assert "…' (20,000 characters)" in ans.body["error"]["message"]
+    assert len(ans.body["error"]["message"]) < 300
     # a name as long as a valid one may be is said whole
     ans = producer.call("GET", "/v1/queues/" + "q" * 256)
     assert ans.code == "queue_not_found" and "q" * 256 in ans.body["error"]["message"]

@@ -652,3 +652,57 @@ def test_finishes_on_a_queue_without_a_cap_write_nothing_extra(stack: Stack) -> 
     t.complete(claim.id, claim.lease_token, encode_result(1)[0])
     assert stack.plane.get(inv_id).state is State.SUCCEEDED
     assert stack.wake_puts() == marked  # no slot to free: the watchers keep watching
+
+
+def test_a_submit_that_makes_its_queue_wakes_it_again_after_its_write(stack: Stack) -> None:
+    """Making the queue wakes its watchers before the submit's records are written: a
+    worker that claims in between finds nothing and marks the queue idle, after the
+    submit read it unmarked. The API's submit wakes the queues it made once more."""
+    admin = Identity("admin", "admin", ("*",))
+    producer = stack.transport()
+    store: Any = stack.plane.store
+    original = store.insert_many
+    seen: list[str] = []
+
+    def racing(invs: Any) -> Any:  # the woken worker claims between the read and the write
+        answer = stack.service.claim(admin, {"queues": ["raced"], "worker": "w"})
+        assert answer["claims"] == []
+        seen.append(answer["wake"]["etags"]["raced"])
+        return original(invs)
+
+    store.insert_many = racing
+    try:
+        producer.submit([job("raced")])
+    finally:
+        store.insert_many = original
+    _, s3 = stack.clients
+    head = s3.head_object(Bucket=store.resources.bucket, Key=K.wake_key("raced"))
+    assert head["ETag"] != seen[0]  # rewritten after the write: the worker looks now
+
+
+def test_a_cap_set_on_this_plane_wakes_on_the_next_finish(stack: Stack) -> None:
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("late"))
+    t.submit([job("late")])
+    (c,) = t.claim(["late"], "w0")
+    t.complete(c.id, c.lease_token, encode_result(1)[0])  # read: no cap (kept 5 s)
+    stack.plane.update_queue("late", elasticity={"kind": "fixed", "max": 1})
+    t.submit([job("late"), job("late")])
+    (first,) = t.claim(["late"], "w1", limit=4)
+    assert t.claim(["late"], "w2", limit=4) == []  # the new cap turns it away: marked
+    marked = stack.wake_puts()
+    t.complete(first.id, first.lease_token, encode_result(1)[0])
+    assert stack.wake_puts() == marked + 1
+
+
+def test_cancelling_a_pending_call_on_a_capped_queue_frees_no_slot_and_wakes_no_one(
+    stack: Stack,
+) -> None:
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("full", elasticity={"kind": "fixed", "max": 1}))
+    _, waiting = t.submit([job("full"), job("full")])
+    assert len(t.claim(["full"], "w1", limit=4)) == 1
+    assert t.claim(["full"], "w2", limit=4) == []  # capped: marked
+    marked = stack.wake_puts()
+    assert t.cancel(waiting) is State.CANCELLED
+    assert stack.wake_puts() == marked

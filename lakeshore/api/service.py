@@ -325,6 +325,9 @@ class Service(WorkerRoutes):
                 if not any(self.plane.counts(name).values()):
                     self.plane.delete_queue(name)
             raise
+        # (making a queue woke its watchers before this submit's records were written: one
+        # that claimed in between found nothing and marked the queue idle; wake it again)
+        self.plane.wake_idle(created, marked=True)
         per_queue: dict[str, int] = {}
         for sub in subs:
             per_queue[sub.queue] = per_queue.get(sub.queue, 0) + 1

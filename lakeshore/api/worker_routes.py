@@ -194,9 +194,8 @@ class WorkerRoutes:
             "fallback": self.limits.wake_fallback,
         }
         if not all(exists for _, exists in marked.values()):
-            # a queue that does not exist has no mark: a queue made by PATCH/POST
-            # /v1/queues wakes no one, so claim again sooner (a submit that creates one
-            # rewrites its object)
+            # a queue that does not exist has no mark: making it rewrites its object
+            # (the plane's ensure_queue), but a wake is best effort, so claim again sooner
             wake["fallback"] = min(self.limits.wake_fallback, 4 * self.limits.wake_interval)
         due = [t for q in open_queues if (t := self.plane.store.next_available_at(q)) is not None]
         if due:

@@ -241,7 +241,10 @@ class ProducerOps(PlaneBase):
                 expect = {"state": State.RUNNING, "lease_token": rec.lease_token}
             updated = self.store.update_if(inv_id, expect, changes)
             if updated is not None:
-                self._finished([updated])
+                if rec.state is State.PENDING:  # (no slot freed: no queue to wake)
+                    self._changes.finished([updated])
+                else:
+                    self._finished([updated])
                 return updated.state
 
     def list_invocations(
@@ -313,11 +316,21 @@ class ProducerOps(PlaneBase):
                 return updated
 
 
+def _quoted(name: str) -> str:
+    """``name`` quoted, one far past any limit cut to its first 60 characters and its
+    length (as the API's one-line reasons cut names: an id may hold spaces, which they
+    do not cut at)."""
+    if len(name) <= 256:
+        return repr(name)
+    cut = repr(name[:60])
+    return f"{cut[:-1]}…{cut[-1]} ({len(name):,} characters)"
+
+
 def _validate_submission(sub: Submission) -> None:
     if not nameable(sub.id):
         raise InvalidRequest(
             "invocation id must be 1-128 letters, digits or -._~()'!*:@,;=+&$%<> []{}|^"
-            f" (no / ? # quotes or control characters): {sub.id!r}"
+            f" (no / ? # quotes or control characters): {_quoted(sub.id)}"
         )
     try:
         _check_options(sub)

@@ -99,6 +99,7 @@ class QueueOps(PlaneBase):
             new = anneal_origin(new, now, self.store.queue_counter(name, 0))
         if not self.store.replace_queue(new, now):
             raise QueueNotFound(f"queue {name!r} does not exist")
+        self._caps.pop(name, None)  # (its running cap as set now)
         self._changes.notify()
         self.wake_idle([name])  # (its running cap raised, say: its idle workers look again)
         return new
@@ -115,5 +116,6 @@ class QueueOps(PlaneBase):
                     " with force to drop them too (--force, force=true, force=True)"
                 )
         gone = self.store.delete_queue(name)
+        self._caps.pop(name, None)
         self._changes.removed()
         return gone
