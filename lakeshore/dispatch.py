@@ -203,6 +203,12 @@ class Dispatch:
         with self._lock:
             self._blobs.update(new)
 
+    def forget_blobs(self, digests: Iterable[str]) -> None:
+        """Take these blobs as not sent: the next :meth:`upload` of them asks the plane
+        again (one this process sent long ago may have expired from it since)."""
+        with self._lock:
+            self._blobs.difference_update(digests)
+
     def _unsent(self, blobs: Mapping[str, bytes]) -> dict[str, bytes]:
         """The blobs this Dispatch has not yet seen the plane take."""
         with self._lock:

@@ -1017,6 +1017,24 @@ def test_a_result_the_plane_refuses_as_unreadable_fails_its_invocation(
     assert producer.transport.get(inv).state is State.FAILED
 
 
+def test_a_result_blob_sent_before_but_gone_from_the_plane_is_sent_again(
+    remote: tuple[dls.Dispatch, dls.Dispatch],
+) -> None:
+    # Given a claim whose result is a blob this worker's Dispatch sent before (so it
+    # would not send it again) but the plane no longer holds (expired since)
+    producer, worker_dp = remote
+    q = dls.SyncQueue("again", dispatch=producer)
+    inv = q.submit(square, 3)
+    (claim,) = worker_dp.transport.claim(["again"], "w", limit=1, wait=5)
+    big = b"x" * 100_000
+    result, blobs = encode_result(big, inline_limit=1024)
+    worker_dp._blobs.update(blobs)  # (as if sent long ago)
+    # When the worker reports it, then the plane refuses the result that names a blob
+    # it lacks, the worker sends the blob again, and the result is recorded
+    report_many(worker_dp, [(claim, Outcome(ok=True, result=result, blobs=blobs))])
+    assert q.result(inv, timeout=10) == big
+
+
 def test_a_ref_call_answering_a_map_with_int_keys_reads_back() -> None:
     # msgpack results travel as maps with string keys: this one goes pickled instead
     with dls.Dispatch(":memory:") as dp:

@@ -71,6 +71,7 @@ def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> No
                 if ok
                 else []
             )
+            _complete_again(dispatch, ok, refusals)
             failed += [
                 (c, _unreadable_result(refusal))
                 for (c, _), refusal in zip(ok, refusals, strict=True)
@@ -85,6 +86,34 @@ def report_many(dispatch: Dispatch, done: Sequence[tuple[Claim, Outcome]]) -> No
             )
         except LakeshoreError as exc:
             _lost("failure", failed, exc)
+
+
+def _complete_again(
+    dispatch: Dispatch, ok: list[tuple[Claim, Outcome]], refusals: list[Exception | None]
+) -> None:
+    """Results with blobs the plane refused (``refusals``, changed in place): a blob this
+    process sent before, and so did not send again, may have expired from the plane
+    since (its retention counts from its last use). Each is sent again, and its result
+    once more; what the plane then says stands."""
+    again = [
+        i
+        for i, refusal in enumerate(refusals)
+        if isinstance(refusal, InvalidRequest) and ok[i][1].blobs
+    ]
+    if not again:
+        return
+    blobs = {d: b for i in again for d, b in ok[i][1].blobs.items()}
+    try:
+        dispatch.forget_blobs(blobs)
+        dispatch.upload(blobs)
+        answers = dispatch.transport.complete_many(
+            [(ok[i][0].id, ok[i][0].lease_token, ok[i][1].result or b"") for i in again]
+        )
+    except LakeshoreError as exc:
+        log.warning("lakeshore worker: sending result blobs again failed: %s", exc)
+        return
+    for i, answer in zip(again, answers, strict=True):
+        refusals[i] = answer
 
 
 def _lost(what: str, items: Sequence[tuple[Claim, Outcome]], exc: LakeshoreError) -> None:
