@@ -741,10 +741,16 @@ def test_a_job_process_carries_the_claim_on_from_one_lone_call_to_the_next(
         fifos = [a_fifo(tmp_path / "one"), a_fifo(tmp_path / "two")]
         with dls.batch():
             two = [q.submit(pid_when_told, fifo) for fifo in fifos]
+
         # Then they run side by side, each in a slot of its own (the new slot was not
-        # left idle while the chain went on in the first)
+        # left idle while the chain went on in the first): both started before either
+        # is told to end (leased is not enough: a call leased with the other, buffered,
+        # would start in whichever slot frees first)
+        def both_started() -> bool:
+            return sorted(s.claim.id for s in w._slots if s.claim is not None) == sorted(two)
+
         try:
-            wait_for(lambda: all(q.status(inv) == "running" for inv in two))
+            wait_for(both_started)
         except BaseException:
             for fifo in fifos:
                 tell(fifo, if_waiting=True)
