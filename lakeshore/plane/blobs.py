@@ -8,7 +8,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from ..errors import InvalidRequest, PayloadTooLarge
@@ -78,8 +78,10 @@ def put_checked(store: Any, blobs: Mapping[str, bytes], now: float) -> None:
             if hashed.result() != digest:
                 raise _mismatch(digest)
     except BaseException:
-        for _, writer, _ in files:
+        for _, writer, hashed in files:
             writer.abort()
+            hashed.cancel()
+        wait([hashed for _, _, hashed in files])  # (no thread goes on hashing a refused put)
         raise
     for _, writer, _ in files:
         writer.commit()
