@@ -730,11 +730,16 @@ class PlaneASGI:
                     return _GONE
                 if park is not None:
                     # A result wait's watch stayed while it was parked: the records a
-                    # finish brought make its answer without resolving it again.
+                    # finish brought make its answer without resolving it again; so do
+                    # the claims a submit handed a parked claim (Changes.claimant).
                     settled = self._settled(park)
+                    if settled is not None and park.box is not None:
+                        park.box.clear()  # (answered: nothing of it to hand back)
                     _let_go(park)
                     park = None
                     if settled is not None:
+                        if woken:
+                            self._pass_on(woken_for)  # (the wake it also had: unused)
                         return settled
                 with changes.parking() as parked:
                     try:
@@ -772,6 +777,8 @@ class PlaneASGI:
                     self._ensure_sweeper()
                 held = False
                 timer = None
+                if park.taker is not None:
+                    park.taker.on_handed = functools.partial(_settle, waiter, None)
                 try:
                     changes.hold(park)
                     held = True
@@ -873,7 +880,7 @@ class PlaneASGI:
         for waiter, park in list(self._parked.items()):
             if not changes.changed(park) or waiter.done():
                 continue
-            if park.box is not None and not park.box and not changes.closed:
+            if park.kind == "finishes" and park.box == [] and not changes.closed:
                 continue  # a result wait whose ids did not finish: its watch tells it
             if park.kind == "generation" and budget is not None:
                 if (queues and park.queues and not park.queues & queues) or budget <= 0:

@@ -414,8 +414,9 @@ def test_a_claim_on_two_queues_that_takes_the_call_it_was_woken_for_passes_nothi
     got = [claiming(["a", "b"], 6.0) for _ in range(5)]
     _settled(plane, asgi, 5)
     asked = counting_calls(plane, "claim", monkeypatch)
-    # When a call on a is submitted
-    _submit(served, "a")
+    # When a call on a is submitted (by another thread than the server's loop: an HTTP
+    # submit would hand it to the oldest claim without waking any, test_handoff.py)
+    plane.submit([Submission(new_id(), "a", PAYLOAD)])
     wait_for(lambda: sum(bool(g and g[0]) for g in got) == 1, 5, "no claim took the call")
     _settled(plane, asgi, 4)
     # Then the claim woken for it took it and woke no other (each looked in turn when

@@ -1474,12 +1474,15 @@ def test_a_parking_result_wait_keeps_its_watch_and_layers_wrap_its_answer(
     with changes.parking() as parked:
         pass
     assert parked() is None
-    # A claim's park has no box and takes no answer; outside parking, nothing to wrap
+    # A claim's park holds the box a submit's hand-over fills (test_handoff.py), and
+    # layers wrap its answer too; outside parking, nothing to wrap
     with changes.parking() as parked:
         assert plane.claim([QUEUE], "w1", wait=30) == []
-        changes.then(lambda inner: inner)
+        changes.then(lambda inner: lambda got: {"n": len(inner(got))})
     claim_park = parked()
-    assert claim_park is not None and claim_park.box is None and claim_park.answer is None
+    assert claim_park is not None and claim_park.box == [] and claim_park.taker is not None
+    assert claim_park.settled() is None
+    assert claim_park.answer is not None and claim_park.answer([1, 2]) == {"n": 2}
     changes.then(lambda inner: inner)
     # Keeping a watch without a park releases it at once
     released: list[int] = []

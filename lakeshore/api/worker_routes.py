@@ -141,6 +141,10 @@ class WorkerRoutes:
         )
         if not claims and wakes is not None:
             return self._idle_answer(wakes, queues, open_queues, body["worker"], limit, lease)
+        if not claims and changes.parks:
+            # (parked: claims a submit hands it are answered as a look's would be)
+            worker = body["worker"]
+            changes.then(lambda inner: lambda got: self._claimed(inner(got), worker))
         return self._claimed(claims, body["worker"])
 
     def _claimed(self, claims: list[Any], worker: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any, TypeAlias, cast
 from .. import logs
 from ..clock import Clock
 from ..errors import QueueNotFound, UnknownInvocation
-from .changes import Changes
+from .changes import Changes, Taker
 from .kinds import running_cap
 from .model import FINISHED, Invocation, QueueSpec
 from .store import Store, wake_objects
@@ -197,6 +197,15 @@ class PlaneBase:
         answers = self.store.update_many_if(given, deadline_after=deadline_after) if given else []
         written = iter(answers)
         return [None if update is None else next(written) for update in updates]
+
+    def _hand_over(
+        self, invs: list[Invocation], specs: Mapping[str, QueueSpec], now: float
+    ) -> list[tuple[int, Taker]]:
+        """The places in ``invs`` of a submit's new records that go straight to parked
+        claims, leased, with their claims (see
+        :meth:`WorkerOps._hand_over <.workers.WorkerOps._hand_over>`): ``invs`` is
+        changed in place. None here."""
+        return []
 
     def _touch(self, queue: str, now: float) -> None:
         """Record activity on a queue, at most once a second per queue and plane."""

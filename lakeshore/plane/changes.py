@@ -35,7 +35,7 @@ from .store import Store, WatchesWrites, WriteSignal
 if TYPE_CHECKING:
     from ..transport import Unwatch
 
-__all__ = ["Changes", "Look", "Park", "Watch", "due_watches"]
+__all__ = ["Changes", "Look", "Park", "Taker", "Watch", "due_watches"]
 
 Callback = Callable[[Invocation], None]
 
@@ -88,6 +88,31 @@ class Look:
         self.owes = owes
 
 
+class Taker:
+    """A parked claim a submit may hand its new records to (see :meth:`Changes.claimant`):
+    the submit writes them already leased to :attr:`worker`, puts the claims in
+    :attr:`box` and calls :attr:`on_handed`, so the claim is answered without looking
+    at the store again. Only a submit made on the holder's own thread hands over (the
+    event loop's: between a hand-over and its delivery nothing else runs there), and
+    only while the holder holds the park (:meth:`Changes.hold` to :meth:`Changes.unhold`)."""
+
+    __slots__ = ("box", "lease_seconds", "limit", "on_handed", "queues", "thread", "worker")
+
+    def __init__(
+        self, queues: frozenset[str], worker: str, limit: int, lease_seconds: float
+    ) -> None:
+        self.queues = queues
+        self.worker = worker
+        self.limit = limit
+        self.lease_seconds = lease_seconds
+        #: the claims handed over (to answer, or to hand back if the answer cannot go)
+        self.box: list[Any] = []
+        #: called on the handing thread once claims are in the box (the holder's wake)
+        self.on_handed: Callable[[], None] | None = None
+        #: the thread the park is held on (set by :meth:`Changes.hold`)
+        self.thread = 0
+
+
 @dataclass(frozen=True)
 class Park:
     """What a wait in a parking thread would have waited for."""
@@ -115,6 +140,9 @@ class Park:
     #: the request's whole answer made from the box's records, as each layer above the
     #: plane would have made it (see :meth:`Changes.then`); None: resolve it again
     answer: Callable[[list[Invocation]], Any] | None = field(default=None, compare=False)
+    #: a claim a submit may hand its records to while it is held (see :class:`Taker`);
+    #: its box is :attr:`box`
+    taker: Taker | None = field(default=None, compare=False)
 
     def settled(self) -> Any:
         """The answer from the box, if it has records and the park can make one; None
@@ -214,6 +242,9 @@ class Changes:
         self._waiters = 0
         #: blocking claims looking at the store now (see :class:`Look`)
         self._looks: list[Look] = []
+        #: parked claims held now that a submit on their holder's thread may hand its
+        #: records to (see :class:`Taker`), oldest first
+        self._takers: list[Taker] = []
         #: claim waiters that a finish may unblock (capped queues)
         self._finish_waiters = 0
         #: finishes seen so far (what :meth:`wait_finish` waits on), and its waiters
@@ -511,6 +542,64 @@ class Changes:
             return
         slot.park = replace(slot.park, box=box, release=release, answer=lambda recs: recs)
 
+    def claimant(
+        self,
+        worker: str,
+        limit: int,
+        lease_seconds: float,
+        hand_back: Callable[[list[Any]], None],
+    ) -> None:
+        """The last park of this thread is a claim a submit may hand its records to
+        while it is held (see :class:`Taker`): not one a finish may unblock (a capped
+        queue's: a cap is counted by the claim's own look). Its answer is made from the
+        claims handed over (:meth:`then` wraps it as for a result wait); ``hand_back``
+        gets those its holder could not deliver (the park's ``release``)."""
+        slot = self._parking
+        park = slot.park
+        if not slot.on or park is None or park.kind != "generation" or park.finishes:
+            return
+        if not park.queues:
+            return
+        taker = Taker(park.queues, worker, limit, lease_seconds)
+        box = taker.box
+
+        def release() -> None:
+            handed, box[:] = list(box), []
+            if handed:
+                hand_back(handed)
+
+        slot.park = replace(park, box=box, release=release, answer=lambda got: got, taker=taker)
+
+    @property
+    def takers(self) -> bool:
+        """Whether any parked claim may be handed records now (read without the lock:
+        a hint; :meth:`reserve` decides)."""
+        return bool(self._takers)
+
+    def reserve(self, queue: str) -> Taker | None:
+        """The oldest claim held on this thread that waits on ``queue``, taken off the
+        books (a submit hands it records, then :meth:`handed`); None: none here."""
+        me = threading.get_ident()
+        with self._cond:
+            for n, taker in enumerate(self._takers):
+                if taker.thread == me and queue in taker.queues:
+                    del self._takers[n]
+                    return taker
+        return None
+
+    def handed(self, takers: Iterable[Taker]) -> None:
+        """The records of a submit are written and the ``takers`` it reserved have their
+        claims in their boxes: wake their holders. One that got none (the records were
+        replays of existing ids) goes back on the books."""
+        for taker in takers:
+            if taker.box:
+                if taker.on_handed is not None:
+                    taker.on_handed()
+            else:
+                with self._cond:
+                    if taker.thread and taker not in self._takers:
+                        self._takers.insert(0, taker)
+
     def then(
         self,
         wrap: Callable[[Callable[[list[Invocation]], Any]], Callable[[list[Invocation]], Any]],
@@ -531,14 +620,23 @@ class Changes:
 
     def hold(self, park: Park) -> None:
         """Count a parked request as a waiter (finishes and cross-process changes are
-        then noticed for it) until :meth:`unhold`."""
+        then noticed for it) until :meth:`unhold`; a claim a submit may hand records to
+        (:attr:`Park.taker`) is on the books meanwhile, for submits on this thread."""
         with self._cond:
             self._count(park.kind, park.finishes, 1)
+            if park.taker is not None and not park.taker.box:
+                park.taker.thread = threading.get_ident()
+                self._takers.append(park.taker)
             self._ensure_poller()
 
     def unhold(self, park: Park) -> None:
         with self._cond:
             self._count(park.kind, park.finishes, -1)
+            taker = park.taker
+            if taker is not None:
+                taker.thread = 0  # (no longer held: never put back on the books)
+                if taker in self._takers:
+                    self._takers.remove(taker)
 
     def _count(self, kind: str, finishes: bool, step: int) -> None:
         """Count a wait in or out (under the lock): a claim wait ("generation"), one a

@@ -14,13 +14,28 @@ from .base import PlaneBase
 from .changes import LOOK_AGAIN
 from .ids import nameable
 from .kinds import check_retry
-from .model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
+from .model import FINISHED, Claim, Invocation, QueueSpec, RetryPolicy, State, Submission
 from .ordering import order_key
 
 if TYPE_CHECKING:
     from ..transport import Unwatch
 
 __all__ = ["ProducerOps", "request_digest"]
+
+
+def _claim_of(rec: Invocation) -> Claim:
+    """The claim a record written leased stands for (see :meth:`PlaneBase._hand_over`)."""
+    assert rec.payload is not None and rec.lease_token is not None
+    assert rec.lease_expires_at is not None
+    return Claim(
+        id=rec.id,
+        queue=rec.queue,
+        payload=rec.payload,
+        lease_token=rec.lease_token,
+        lease_expires_at=rec.lease_expires_at,
+        attempt=rec.attempt,
+        timeout=rec.timeout,
+    )
 
 
 def request_digest(sub: Submission) -> str:
@@ -47,19 +62,33 @@ class ProducerOps(PlaneBase):
         specs: dict[str, QueueSpec] = {}
         idle: set[str] = set()
         invs = [self._pending_record(sub, specs, idle, now) for sub in subs]
+        # (claims parked on these queues take theirs as they are written: _hand_over)
+        handed = self._hand_over(invs, specs, now) if self._changes.takers else []
         told = self._changes.told
-        existing = self.store.insert_many(invs)
+        try:
+            existing = self.store.insert_many(invs)
+        except BaseException:
+            self._changes.handed(dict.fromkeys(taker for _, taker in handed))  # (none got any)
+            raise
         self._changes.submitted(
             (inv.id for inv, found in zip(invs, existing, strict=True) if found is None), told
         )
         for name in specs:
             self._touch(name, now)
-        self._changes.notify(
-            len(invs),
-            specs,
-            [inv.id for inv in invs],
-            due_now=all(inv.available_at <= now for inv in invs),
-        )
+        given: set[int] = set()
+        for n, taker in handed:
+            if existing[n] is None:  # (written leased; a replay's record is not its own)
+                taker.box.append(_claim_of(invs[n]))
+                given.add(n)
+        if handed:
+            self._changes.handed(dict.fromkeys(taker for _, taker in handed))
+        if len(given) < len(invs):
+            self._changes.notify(
+                len(invs) - len(given),
+                specs,
+                [inv.id for n, inv in enumerate(invs) if n not in given],
+                due_now=all(inv.available_at <= now for inv in invs),
+            )
         self.wake_idle(idle, marked=True)
         for inv, found in zip(invs, existing, strict=True):
             if found is not None and found.request_digest != inv.request_digest:

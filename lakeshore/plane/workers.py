@@ -4,9 +4,11 @@ hands expired leases on."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from itertools import islice
 from typing import Any
 
@@ -14,7 +16,7 @@ from ..entropy import random_hex
 from ..errors import InvalidRequest, LeaseLost, UnknownInvocation
 from ..progress import MAX_MESSAGE
 from .base import PlaneBase, Update
-from .changes import LOOK_AGAIN
+from .changes import LOOK_AGAIN, Taker
 from .kinds import (
     BOLTZMANN_CANDIDATES,
     boltzmann_order,
@@ -112,9 +114,59 @@ class WorkerOps(PlaneBase):
                 owed = None if look is None else look.owes
                 look = None  # (the wait ended it)
                 if not waited:
-                    return claims  # parked: the event loop holding the request asks again
+                    # Parked: the event loop holding the request asks again, unless a
+                    # submit on its thread hands it records first (see _hand_over).
+                    self._changes.claimant(
+                        worker, limit, lease_seconds or self.lease_seconds, self._hand_back
+                    )
+                    return claims
             finally:
                 self._changes.looked(look)
+
+    def _hand_over(
+        self, invs: list[Invocation], specs: Mapping[str, QueueSpec], now: float
+    ) -> list[tuple[int, Taker]]:
+        """Lease new records of a submit to claims parked for work on their queues, as
+        the claims' own look would have, before they are written: each such record is
+        replaced in ``invs`` by its leased self, and its place comes back with its
+        claim's :class:`~.changes.Taker` (each taker up to its limit, oldest first). Only a
+        record due now, on a queue without a running cap (a cap is counted by a look)
+        that is not Boltzmann-ordered (a look samples among the pending), goes over.
+        A parked claim found its queues with nothing to take and has been woken by no
+        work since (a wake takes it off the books), so the record is what its look
+        would find first."""
+        out: list[tuple[int, Taker]] = []
+        takers: dict[str, list[Taker]] = {}
+        given: dict[int, int] = {}  # id(taker) -> records handed to it here
+        for n, inv in enumerate(invs):
+            spec = specs.get(inv.queue)
+            if (
+                spec is None
+                or inv.available_at > now
+                or spec.kind == "boltzmann"
+                or running_cap(spec) is not None
+            ):
+                continue
+            held = takers.setdefault(inv.queue, [])
+            taker = next((t for t in held if given[id(t)] < t.limit), None)
+            if taker is None:
+                taker = self._changes.reserve(inv.queue)
+                if taker is None:
+                    continue
+                held.append(taker)
+                given[id(taker)] = 0
+            given[id(taker)] += 1
+            _, _, lease = _lease_update(inv, taker.worker, now, taker.lease_seconds)
+            invs[n] = replace(inv, **lease)
+            out.append((n, taker))
+        return out
+
+    def _hand_back(self, claims: list[Claim]) -> None:
+        """Claims handed to a parked claim that its holder could not deliver (its client
+        went away, the server stops): pending again, untried."""
+        for claim in claims:
+            with contextlib.suppress(LeaseLost, UnknownInvocation):
+                self.release(claim.id, claim.lease_token)
 
     def _next_due(self, queues: Sequence[str], looked_at: float) -> tuple[float, bool]:
         """Plane time the earliest invocation of ``queues`` that was not due at

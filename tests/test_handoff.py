@@ -1,0 +1,303 @@
+"""A submit made while a claim is parked for work on its queue hands the new record to
+that claim: written already leased to its worker, the claim answered without looking at
+the store again (``lakeshore serve``'s parked claims; the plane's rule in
+``WorkerOps._hand_over``). What a look would not hand out — work held back by a running
+cap, Boltzmann sampling, a call not due yet, a replayed id — is not handed either, and
+claims a holder cannot deliver go back to pending."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from support import counting_calls, role_token, wait_for
+
+import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
+from dreamlake.lakeshore.plane.model import Claim, State
+from dreamlake.lakeshore.server import LocalServer, PlaneASGI
+from dreamlake.lakeshore.stores import SqliteStore
+from dreamlake.lakeshore.submit import new_id
+from dreamlake.lakeshore.wire import encode_ref_call
+
+PAYLOAD = encode_ref_call("math:sqrt", (4.0,), {}).payload
+
+
+@pytest.fixture
+def parts(served: LocalServer) -> tuple[Plane, PlaneASGI]:
+    assert served.plane is not None and served.asgi is not None
+    return served.plane, served.asgi
+
+
+@pytest.fixture
+def claiming(served: LocalServer) -> Iterator[Callable[..., list[list[Claim]]]]:
+    """Starts worker ``worker``'s claim (over HTTP, in a thread); its answer lands in the
+    list returned."""
+    token = role_token(served, "worker")
+    threads: list[threading.Thread] = []
+
+    def start(queues: list[str], worker: str = "w", limit: int = 1) -> list[list[Claim]]:
+        got: list[list[Claim]] = []
+
+        def claim() -> None:
+            with dls.Dispatch(served.url, token=token) as dp:
+                got.append(dp.transport.claim(queues, worker, limit=limit, wait=10.0))
+
+        threads.append(threading.Thread(target=claim))
+        threads[-1].start()
+        return got
+
+    yield start
+    for t in threads:
+        t.join(30)
+
+
+def _parked(plane: Plane, asgi: PlaneASGI, claims: int) -> None:
+    """Wait until ``claims`` claims are parked and on the plane's books for a hand-over
+    (the poller's first look, a change, has woken them once and they parked again)."""
+    wait_for(
+        lambda: (
+            plane.changes.polling
+            and asgi.held()[0] == claims
+            and len(plane.changes._takers) == claims
+            and not asgi._wake_due
+            and not any(waiter.done() for waiter in list(asgi._parked))
+        ),
+        10,
+        "the claims never parked",
+    )
+
+
+def _submit(served: LocalServer, queue: str, *args: Any, **options: Any) -> str:
+    assert served.admin_token is not None
+    with dls.Dispatch(served.url, token=served.admin_token) as producer:
+        return dls.SyncQueue(queue, dispatch=producer).submit(pow, 2, 8, *args, **options)
+
+
+def _claimed_total(served: LocalServer, queue: str) -> float:
+    req = urllib.request.Request(
+        f"{served.url}/metrics", headers={"Authorization": f"Bearer {served.admin_token}"}
+    )
+    with urllib.request.urlopen(req, timeout=10) as answer:
+        text = answer.read().decode()
+    series = f'lakeshore_invocations_claimed_total{{queue="{queue}"}} '
+    lines = [line for line in text.splitlines() if line.startswith(series)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_a_call_submitted_while_a_claim_is_parked_is_handed_to_it_without_a_look(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[..., list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a worker's claim parked on an empty queue
+    plane, asgi = parts
+    plane.ensure_queue(QueueSpec("h"))
+    got = claiming(["h"], "gpu-1")
+    _parked(plane, asgi, 1)
+    looks = counting_calls(plane, "claim", monkeypatch)
+    # When a call is submitted over HTTP
+    inv = _submit(served, "h")
+    # Then the claim gets it without looking at the store again
+    wait_for(lambda: bool(got), 10, "the parked claim got nothing")
+    (claim,) = got[0]
+    assert claim.id == inv and claim.attempt == 1
+    assert looks == []
+    # ... and the record was written leased to that worker, as a look would lease it
+    rec = plane.get(inv)
+    assert rec.state is State.RUNNING and rec.worker == "gpu-1" and rec.attempt == 1
+    assert rec.lease_token == claim.lease_token
+    assert rec.lease_expires_at == claim.lease_expires_at
+    assert rec.started_at is not None and rec.lease_expires_at > rec.started_at
+    assert _claimed_total(served, "h") == 1
+    # ... and its lease is the worker's to complete
+    plane.complete(inv, claim.lease_token, b"\x01")
+    assert plane.get(inv).state is State.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    ("spec", "options"),
+    [
+        (QueueSpec("capped", elasticity={"kind": "fixed", "min": 1, "max": 2}), {}),
+        (QueueSpec("sampled", kind="boltzmann", temperature=1.0), {}),
+        (QueueSpec("later"), {"_delay": 0.6}),
+    ],
+    ids=["running-cap", "boltzmann", "delayed"],
+)
+def test_work_a_look_decides_on_is_not_handed_over(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[..., list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+    spec: QueueSpec,
+    options: dict[str, Any],
+) -> None:
+    # Given a claim parked on a queue with a running cap, a Boltzmann queue, or one
+    # that is sent a call due later
+    plane, asgi = parts
+    plane.ensure_queue(spec)
+    got = claiming([spec.name])
+    wait_for(lambda: asgi.held()[0] == 1, 10, "the claim never parked")
+    looks = counting_calls(plane, "claim", monkeypatch)
+    # When a call is submitted
+    inv = _submit(served, spec.name, **options)
+    # Then the claim takes it by a look of its own (the cap counted, the sample drawn,
+    # the call due), not by a hand-over
+    wait_for(lambda: bool(got), 10, "the parked claim got nothing")
+    assert [c.id for c in got[0]] == [inv]
+    assert looks
+    rec = plane.get(inv)
+    assert rec.started_at is not None and rec.started_at >= rec.available_at
+
+
+def test_a_claim_on_a_queue_paused_while_it_waited_hands_its_call_straight_back(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[..., list[list[Claim]]],
+) -> None:
+    # Given a claim parked on a queue that is then paused
+    plane, asgi = parts
+    plane.ensure_queue(QueueSpec("p"))
+    got = claiming(["p"])
+    _parked(plane, asgi, 1)
+    assert served.admin_token is not None
+    with dls.Dispatch(served.url, token=served.admin_token) as admin:
+        admin.transport.update_queue("p", paused=True)  # type: ignore[attr-defined]
+        # When a call is submitted before the claim looked again
+        if not got and asgi.held()[0] == 1 and plane.changes._takers:
+            inv = _submit(served, "p")
+        else:
+            pytest.skip("the pause woke the claim first: nothing to hand over")
+    # Then the claim answers without it, and the call waits, untried, for the resume
+    wait_for(lambda: bool(got), 10, "the claim never answered")
+    assert got[0] == []
+    rec = plane.get(inv)
+    assert rec.state is State.PENDING and rec.attempt == 0 and rec.worker is None
+
+
+# --- the plane's rule, on one thread (the holder's, as an event loop's) -------------------
+
+
+@pytest.fixture
+def plane() -> Iterator[Plane]:
+    p = Plane(SqliteStore(":memory:"))
+    p.ensure_queue(QueueSpec("q"))
+    yield p
+    p.close()
+
+
+def _park(plane: Plane, limit: int = 1) -> Any:
+    """A claim parked and held on this thread, as ``lakeshore serve`` holds one."""
+    with plane.changes.parking() as parked:
+        assert plane.claim(["q"], "w", limit=limit, wait=5.0) == []
+    park = parked()
+    assert park is not None and park.taker is not None
+    woken: list[bool] = []
+    park.taker.on_handed = lambda: woken.append(True)
+    plane.changes.hold(park)
+    return park, woken
+
+
+def test_a_handed_claim_its_holder_cannot_deliver_goes_back_to_pending(plane: Plane) -> None:
+    # Given a claim parked and held, and a call submitted on the holder's thread
+    park, woken = _park(plane)
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    # Then the claim was handed it and its holder woken
+    assert woken == [True] and [c.id for c in park.box] == [inv]
+    assert plane.get(inv).state is State.RUNNING
+    # When the holder lets the park go without answering (its client went away)
+    plane.changes.unhold(park)
+    park.release()
+    # Then the call is pending again, its attempt not counted, and a look takes it
+    rec = plane.get(inv)
+    assert (rec.state, rec.attempt, rec.worker, rec.lease_token) == (State.PENDING, 0, None, None)
+    (claim,) = plane.claim(["q"], "other")
+    assert (claim.id, claim.attempt) == (inv, 1)
+
+
+def test_only_a_submit_on_the_holders_thread_hands_over(plane: Plane) -> None:
+    # Given a claim parked and held on this thread
+    park, woken = _park(plane)
+    # When a call is submitted from another thread
+    other = threading.Thread(target=plane.submit, args=([Submission(new_id(), "q", PAYLOAD)],))
+    other.start()
+    other.join(10)
+    # Then nothing was handed over (the claim is woken to look, as before), and the
+    # claim is still on the books
+    assert park.box == [] and woken == []
+    assert plane.changes.takers
+    plane.changes.unhold(park)
+    assert not plane.changes.takers
+
+
+def test_a_replayed_id_is_not_handed_and_the_claim_stays_on_the_books(plane: Plane) -> None:
+    # Given a call submitted, and taken, before a claim parked
+    first = Submission(new_id(), "q", PAYLOAD)
+    plane.submit([first])
+    assert plane.claim(["q"], "other")
+    park, woken = _park(plane)
+    # When the same submission is replayed
+    assert plane.submit([first]) == [first.id]
+    # Then the replay hands nothing over and the claim waits on
+    assert park.box == [] and woken == []
+    assert plane.changes.takers
+    # ... and the next new call goes to it
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    assert [c.id for c in park.box] == [inv] and woken == [True]
+    plane.changes.unhold(park)
+
+
+def test_a_batch_hands_a_claim_up_to_its_limit_and_leaves_the_rest_pending(
+    plane: Plane,
+) -> None:
+    # Given a claim of up to 2 parked and held
+    park, _ = _park(plane, limit=2)
+    # When three calls are submitted in one batch
+    ids = plane.submit([Submission(new_id(), "q", PAYLOAD) for _ in range(3)])
+    # Then the claim is handed the first two, in order, and the third is pending
+    assert [c.id for c in park.box] == ids[:2]
+    assert [plane.get(i).state for i in ids] == [State.RUNNING, State.RUNNING, State.PENDING]
+    plane.changes.unhold(park)
+    assert [c.id for c in plane.claim(["q"], "other")] == ids[2:]
+
+
+def test_a_submit_that_fails_puts_the_claim_back_on_the_books(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claim parked and held, and a store whose next write fails
+    park, woken = _park(plane)
+
+    def broken(invs: Any) -> Any:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(plane.store, "insert_many", broken)
+    # When a submit fails
+    with pytest.raises(OSError):
+        plane.submit([Submission(new_id(), "q", PAYLOAD)])
+    monkeypatch.undo()
+    # Then the claim was handed nothing and is on the books for the next one
+    assert park.box == [] and woken == [] and plane.changes.takers
+    started = time.monotonic()
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    assert [c.id for c in park.box] == [inv] and time.monotonic() - started < 5
+    plane.changes.unhold(park)
+
+
+def test_a_queue_capped_since_the_claim_parked_is_not_handed_over(plane: Plane) -> None:
+    # Given a claim parked and held on an uncapped queue, which is then given a running
+    # cap of 1 while another worker runs one of its calls
+    plane.submit([Submission(new_id(), "q", PAYLOAD)])
+    assert plane.claim(["q"], "other")
+    park, woken = _park(plane)
+    plane.update_queue("q", elasticity={"kind": "fixed", "min": 0, "max": 1})
+    # When a call is submitted on the holder's thread
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    # Then it is not handed over past the cap: it waits, pending
+    assert park.box == [] and woken == []
+    assert plane.get(inv).state is State.PENDING
+    plane.changes.unhold(park)
