@@ -738,8 +738,6 @@ class PlaneASGI:
                     _let_go(park)
                     park = None
                     if settled is not None:
-                        if woken:
-                            self._pass_on(woken_for)  # (the wake it also had: unused)
                         return settled
                 with changes.parking() as parked:
                     try:

@@ -39,13 +39,17 @@ def claiming(served: LocalServer) -> Iterator[Callable[..., list[list[Claim]]]]:
     list returned."""
     token = role_token(served, "worker")
     threads: list[threading.Thread] = []
+    errors: list[Exception] = []
 
-    def start(queues: list[str], worker: str = "w", limit: int = 1) -> list[list[Claim]]:
+    def start(queues: list[str], worker: str = "w", wait: float = 10.0) -> list[list[Claim]]:
         got: list[list[Claim]] = []
 
         def claim() -> None:
             with dls.Dispatch(served.url, token=token) as dp:
-                got.append(dp.transport.claim(queues, worker, limit=limit, wait=10.0))
+                try:
+                    got.append(dp.transport.claim(queues, worker, limit=1, wait=wait))
+                except dls.LakeshoreError as exc:  # (a stopping server's 503)
+                    errors.append(exc)
 
         threads.append(threading.Thread(target=claim))
         threads[-1].start()
@@ -120,6 +124,64 @@ def test_a_call_submitted_while_a_claim_is_parked_is_handed_to_it_without_a_look
     assert plane.get(inv).state is State.SUCCEEDED
 
 
+def test_a_hand_over_wakes_no_other_claim(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[..., list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given one claim parked on q and four on r
+    plane, asgi = parts
+    for name in ("q", "r"):
+        plane.ensure_queue(QueueSpec(name))
+    got = claiming(["q"], wait=3.0)
+    others = [claiming(["r"], wait=3.0) for _ in range(4)]
+    _parked(plane, asgi, 5)
+    looks = counting_calls(plane, "claim", monkeypatch)
+    # When a call on q is submitted over HTTP
+    inv = _submit(served, "q")
+    # Then the claim on q is handed it, and no claim looked at the store at all
+    wait_for(lambda: bool(got), 10, "the parked claim got nothing")
+    assert [c.id for c in got[0]] == [inv]
+    time.sleep(0.3)
+    assert looks == [] and not any(others)
+    assert asgi.held()[0] == 4
+
+
+def test_a_claim_cut_as_it_is_handed_a_call_hands_the_call_back(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[..., list[list[Claim]]],
+) -> None:
+    # Given a claim parked on the server
+    plane, asgi = parts
+    plane.ensure_queue(QueueSpec("cut"))
+    got = claiming(["cut"], wait=2.0)
+    _parked(plane, asgi, 1)
+    sub = Submission(new_id(), "cut", PAYLOAD)
+    done = threading.Event()
+
+    def on_loop() -> None:
+        # When, in one turn of the loop, the server stops (the parked claim is answered
+        # 503) and then a call is submitted there, which hands it to that claim
+        asgi._stopping = True
+        asgi._cut_waits()
+        plane.submit([sub])
+        done.set()
+
+    assert asgi._loop is not None
+    asgi._loop.call_soon_threadsafe(on_loop)
+    assert done.wait(10)
+    # Then the claim answers no call, and the call is pending again, its attempt not
+    # counted (handed back by the park's release), for the next worker
+    wait_for(lambda: plane.get(sub.id).state is State.PENDING, 10, "never handed back")
+    rec = plane.get(sub.id)
+    assert (rec.state, rec.attempt, rec.worker) == (State.PENDING, 0, None)
+    assert not any(got)
+    (claim,) = plane.claim(["cut"], "next")
+    assert (claim.id, claim.attempt) == (sub.id, 1)
+
+
 @pytest.mark.parametrize(
     ("spec", "options"),
     [
@@ -155,29 +217,28 @@ def test_work_a_look_decides_on_is_not_handed_over(
     assert rec.started_at is not None and rec.started_at >= rec.available_at
 
 
-def test_a_claim_on_a_queue_paused_while_it_waited_hands_its_call_straight_back(
+def test_a_claim_on_a_queue_paused_while_it_waited_is_not_handed_its_call(
     served: LocalServer,
     parts: tuple[Plane, PlaneASGI],
     claiming: Callable[..., list[list[Claim]]],
 ) -> None:
-    # Given a claim parked on a queue that is then paused
+    # Given a claim parked on a queue that is then paused (the pause wakes it: it looks
+    # again, and waits out the pause as a new claim would)
     plane, asgi = parts
     plane.ensure_queue(QueueSpec("p"))
-    got = claiming(["p"])
+    got = claiming(["p"], wait=2.0)
     _parked(plane, asgi, 1)
     assert served.admin_token is not None
     with dls.Dispatch(served.url, token=served.admin_token) as admin:
         admin.transport.update_queue("p", paused=True)  # type: ignore[attr-defined]
-        # When a call is submitted before the claim looked again
-        if not got and asgi.held()[0] == 1 and plane.changes._takers:
-            inv = _submit(served, "p")
-        else:
-            pytest.skip("the pause woke the claim first: nothing to hand over")
+    # When a call is submitted
+    inv = _submit(served, "p")
     # Then the claim answers without it, and the call waits, untried, for the resume
     wait_for(lambda: bool(got), 10, "the claim never answered")
     assert got[0] == []
     rec = plane.get(inv)
     assert rec.state is State.PENDING and rec.attempt == 0 and rec.worker is None
+    assert rec.started_at is None  # (never leased: not handed over, then handed back)
 
 
 # --- the plane's rule, on one thread (the holder's, as an event loop's) -------------------
@@ -239,31 +300,130 @@ def test_a_replayed_id_is_not_handed_and_the_claim_stays_on_the_books(plane: Pla
     # Given a call submitted, and taken, before a claim parked
     first = Submission(new_id(), "q", PAYLOAD)
     plane.submit([first])
-    assert plane.claim(["q"], "other")
+    (taken,) = plane.claim(["q"], "other")
     park, woken = _park(plane)
     # When the same submission is replayed
     assert plane.submit([first]) == [first.id]
-    # Then the replay hands nothing over and the claim waits on
+    # Then the replay hands nothing over (the record is the first submit's, leased to
+    # the other worker as before) and the claim is still on the books
     assert park.box == [] and woken == []
     assert plane.changes.takers
-    # ... and the next new call goes to it
+    assert plane.get(first.id).lease_token == taken.lease_token
+    plane.changes.unhold(park)
+    # ... and a claim parked afresh is handed the next new call
+    park, woken = _park(plane)
     inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
     assert [c.id for c in park.box] == [inv] and woken == [True]
     plane.changes.unhold(park)
 
 
-def test_a_batch_hands_a_claim_up_to_its_limit_and_leaves_the_rest_pending(
+@pytest.mark.parametrize(
+    ("kind", "queues", "batch", "first"),
+    [
+        ("fifo", ["k"], [("k", 0.0), ("k", 0.0)], 0),
+        ("priority", ["k"], [("k", 0.0), ("k", 10.0)], 1),
+        ("filo", ["k"], [("k", 0.0), ("k", 0.0)], 1),
+        ("fifo", ["k", "r"], [("r", 0.0), ("k", 0.0)], 1),
+    ],
+    ids=["fifo", "priority", "filo", "two-queues"],
+)
+def test_a_batch_is_not_handed_over_its_claim_looks_in_the_queues_order(
+    plane: Plane, kind: str, queues: list[str], batch: list[tuple[str, float]], first: int
+) -> None:
+    # Given a claim parked and held (on a queue of each kind, or on two queues)
+    plane.ensure_queue(QueueSpec("k", kind=kind))
+    plane.ensure_queue(QueueSpec("r"))
+    with plane.changes.parking() as parked:
+        assert plane.claim(queues, "w", limit=1, wait=5.0) == []
+    park = parked()
+    assert park is not None and park.taker is not None
+    plane.changes.hold(park)
+    # When a batch of calls is submitted on the holder's thread
+    ids = plane.submit([Submission(new_id(), q, PAYLOAD, priority=p) for q, p in batch])
+    # Then none is handed over: the claim looks, and takes the one its queues' order puts
+    # first (a hand-over in the batch's order took the other)
+    assert park.box == [] and all(plane.get(i).state is State.PENDING for i in ids)
+    plane.changes.unhold(park)
+    assert [c.id for c in plane.claim(queues, "w")] == [ids[first]]
+
+
+def test_nothing_is_handed_over_once_a_change_since_the_claims_look_was_told(
     plane: Plane,
 ) -> None:
-    # Given a claim of up to 2 parked and held
-    park, _ = _park(plane, limit=2)
-    # When three calls are submitted in one batch
-    ids = plane.submit([Submission(new_id(), "q", PAYLOAD) for _ in range(3)])
-    # Then the claim is handed the first two, in order, and the third is pending
-    assert [c.id for c in park.box] == ids[:2]
-    assert [plane.get(i).state for i in ids] == [State.RUNNING, State.RUNNING, State.PENDING]
+    # Given a claim parked and held, and a call another worker holds
+    old = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    (held,) = plane.claim(["q"], "other")
+    park, woken = _park(plane)
+    # When that call is handed back (pending again: older than any new one), then a new
+    # call is submitted on the holder's thread
+    plane.release(held.id, held.lease_token)
+    new = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    # Then the new call is not handed over past the older one: the claim looks
+    assert park.box == [] and woken == []
     plane.changes.unhold(park)
-    assert [c.id for c in plane.claim(["q"], "other")] == ids[2:]
+    assert [c.id for c in plane.claim(["q"], "w")] == [old]
+    assert plane.get(new).state is State.PENDING
+
+
+def test_nothing_is_handed_over_once_the_claims_scheduled_work_is_due(plane: Plane) -> None:
+    # Given a call due in 0.2 s, and a claim parked (to look again when it comes due)
+    later = plane.submit([Submission(new_id(), "q", PAYLOAD, delay=0.2)])[0]
+    park, woken = _park(plane)
+    assert park.timeout <= 0.25
+    # When it has come due (its holder has not looked again yet) and a call is submitted
+    time.sleep(0.3)
+    now = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    # Then the new call is not handed over past the one come due
+    assert park.box == [] and woken == []
+    plane.changes.unhold(park)
+    assert [c.id for c in plane.claim(["q"], "w")] == [later]
+    assert plane.get(now).state is State.PENDING
+
+
+def test_nothing_is_handed_over_after_another_process_wrote_the_plane_file(
+    tmp_path: Any,
+) -> None:
+    # Given a plane file served here, a claim parked and held on it
+    here = Plane(SqliteStore(tmp_path / "plane.db"))
+    elsewhere = Plane(SqliteStore(tmp_path / "plane.db"))
+    try:
+        here.ensure_queue(QueueSpec("q"))
+        park, woken = _park(here)
+        # When another process submits a call, then this one does before its poller
+        # has seen the other's write
+        first = elsewhere.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+        second = here.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+        # Then the second is not handed over past the first: the claim looks
+        assert park.box == [] and woken == []
+        here.changes.unhold(park)
+        assert [c.id for c in here.claim(["q"], "w")] == [first]
+        assert here.get(second).state is State.PENDING
+    finally:
+        elsewhere.close()
+        here.close()
+
+
+def test_a_submit_that_fails_after_its_write_still_delivers_the_handed_call(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claim parked and held, and a store whose queue bookkeeping fails after the
+    # record is written
+    park, woken = _park(plane)
+    plane._touched.clear()
+
+    def broken(*args: Any) -> None:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(plane.store, "touch_queue", broken)
+    sub = Submission(new_id(), "q", PAYLOAD)
+    # When the submit fails after the write
+    with pytest.raises(OSError):
+        plane.submit([sub])
+    # Then the call written leased is in the claim's box and its holder woken (not left
+    # leased to nobody until its lease runs out)
+    assert [c.id for c in park.box] == [sub.id] and woken == [True]
+    assert plane.get(sub.id).lease_token == park.box[0].lease_token
+    plane.changes.unhold(park)
 
 
 def test_a_submit_that_fails_puts_the_claim_back_on_the_books(
@@ -301,3 +461,23 @@ def test_a_queue_capped_since_the_claim_parked_is_not_handed_over(plane: Plane) 
     assert park.box == [] and woken == []
     assert plane.get(inv).state is State.PENDING
     plane.changes.unhold(park)
+
+
+def test_a_hand_back_that_fails_is_logged_and_lets_the_holder_go_on(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a claim handed a call, whose holder cannot deliver it, on a store that fails
+    park, _ = _park(plane)
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    plane.changes.unhold(park)
+
+    def broken(*args: Any) -> None:
+        raise OSError("disk I/O error")
+
+    monkeypatch.setattr(plane, "release", broken)
+    # When the park is let go
+    park.release()
+    # Then the failure is logged, not raised (the call stays leased until its lease runs
+    # out, and the sweep hands it on)
+    assert "handing back claim" in caplog.text and inv in caplog.text
+    assert park.box == []

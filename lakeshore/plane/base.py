@@ -199,13 +199,12 @@ class PlaneBase:
         return [None if update is None else next(written) for update in updates]
 
     def _hand_over(
-        self, invs: list[Invocation], specs: Mapping[str, QueueSpec], now: float
-    ) -> list[tuple[int, Taker]]:
-        """The places in ``invs`` of a submit's new records that go straight to parked
-        claims, leased, with their claims (see
-        :meth:`WorkerOps._hand_over <.workers.WorkerOps._hand_over>`): ``invs`` is
-        changed in place. None here."""
-        return []
+        self, inv: Invocation, spec: QueueSpec, now: float
+    ) -> tuple[Taker, Invocation] | None:
+        """A parked claim to hand the new record of a lone submit to, and the record
+        leased to it (see :meth:`WorkerOps._hand_over <.workers.WorkerOps._hand_over>`);
+        None here."""
+        return None
 
     def _touch(self, queue: str, now: float) -> None:
         """Record activity on a queue, at most once a second per queue and plane."""

@@ -89,25 +89,48 @@ class Look:
 
 
 class Taker:
-    """A parked claim a submit may hand its new records to (see :meth:`Changes.claimant`):
-    the submit writes them already leased to :attr:`worker`, puts the claims in
-    :attr:`box` and calls :attr:`on_handed`, so the claim is answered without looking
-    at the store again. Only a submit made on the holder's own thread hands over (the
-    event loop's: between a hand-over and its delivery nothing else runs there), and
-    only while the holder holds the park (:meth:`Changes.hold` to :meth:`Changes.unhold`)."""
+    """A parked claim a lone submit may hand its new record to (see
+    :meth:`Changes.claimant`): the submit writes it already leased to :attr:`worker`,
+    puts the claim in :attr:`box` and calls :attr:`on_handed`, so the claim is answered
+    without looking at the store again. Only while nothing a look would see differently
+    has happened since the claim looked (:meth:`Changes.reserve`), only a submit on the
+    holder's own thread (the event loop's: between a hand-over and its delivery nothing
+    else runs there), and only while the holder holds the park (:meth:`Changes.hold` to
+    :meth:`Changes.unhold`)."""
 
-    __slots__ = ("box", "lease_seconds", "limit", "on_handed", "queues", "thread", "worker")
+    __slots__ = (
+        "box",
+        "lease_seconds",
+        "look_again",
+        "marker",
+        "on_handed",
+        "queues",
+        "since",
+        "thread",
+        "worker",
+    )
 
     def __init__(
-        self, queues: frozenset[str], worker: str, limit: int, lease_seconds: float
+        self,
+        queues: frozenset[str],
+        worker: str,
+        lease_seconds: float,
+        since: int,
+        look_again: float,
+        marker: Any,
     ) -> None:
         self.queues = queues
         self.worker = worker
-        self.limit = limit
         self.lease_seconds = lease_seconds
+        #: the generation the claim's look began at, the monotonic time it wants to look
+        #: again (work it saw scheduled comes due), and the store's change marker before
+        #: the look (None: a store only this process writes)
+        self.since = since
+        self.look_again = look_again
+        self.marker = marker
         #: the claims handed over (to answer, or to hand back if the answer cannot go)
         self.box: list[Any] = []
-        #: called on the handing thread once claims are in the box (the holder's wake)
+        #: called on the handing thread once a claim is in the box (the holder's wake)
         self.on_handed: Callable[[], None] | None = None
         #: the thread the park is held on (set by :meth:`Changes.hold`)
         self.thread = 0
@@ -543,24 +566,23 @@ class Changes:
         slot.park = replace(slot.park, box=box, release=release, answer=lambda recs: recs)
 
     def claimant(
-        self,
-        worker: str,
-        limit: int,
-        lease_seconds: float,
-        hand_back: Callable[[list[Any]], None],
+        self, worker: str, lease_seconds: float, marker: Any, hand_back: Callable[[list[Any]], None]
     ) -> None:
-        """The last park of this thread is a claim a submit may hand its records to
+        """The last park of this thread is a claim a lone submit may hand its record to
         while it is held (see :class:`Taker`): not one a finish may unblock (a capped
         queue's: a cap is counted by the claim's own look). Its answer is made from the
         claims handed over (:meth:`then` wraps it as for a result wait); ``hand_back``
-        gets those its holder could not deliver (the park's ``release``)."""
+        gets those its holder could not deliver (the park's ``release``). ``marker``:
+        the store's change marker read before the claim looked, on a store other
+        processes write (None elsewhere)."""
         slot = self._parking
         park = slot.park
         if not slot.on or park is None or park.kind != "generation" or park.finishes:
             return
         if not park.queues:
             return
-        taker = Taker(park.queues, worker, limit, lease_seconds)
+        look_again = time.monotonic() + park.timeout
+        taker = Taker(park.queues, worker, lease_seconds, park.since, look_again, marker)
         box = taker.box
 
         def release() -> None:
@@ -578,27 +600,46 @@ class Changes:
 
     def reserve(self, queue: str) -> Taker | None:
         """The oldest claim held on this thread that waits on ``queue``, taken off the
-        books (a submit hands it records, then :meth:`handed`); None: none here."""
+        books (a submit hands it its record, then :meth:`handed`); None: none may be
+        handed one. A claim qualifies only while what its look saw still stands: no
+        change told since (new work elsewhere, a hand-back, a retry, a resume: the
+        claim is woken to look, and work older than the submit's may be pending), its
+        scheduled work not come due, and no other process's write to the store since
+        it looked (:meth:`~.store.Store.change_marker`)."""
         me = threading.get_ident()
+        now = time.monotonic()
         with self._cond:
-            for n, taker in enumerate(self._takers):
-                if taker.thread == me and queue in taker.queues:
-                    del self._takers[n]
-                    return taker
-        return None
+            found = next(
+                (
+                    n
+                    for n, t in enumerate(self._takers)
+                    if t.thread == me
+                    and queue in t.queues
+                    and t.since == self._generation
+                    and now < t.look_again
+                ),
+                None,
+            )
+            if found is None:
+                return None
+            taker = self._takers.pop(found)
+        if taker.marker is not None and self._store.change_marker() != taker.marker:
+            with self._cond:  # (another process wrote: the claim looks, as woken)
+                self._takers.insert(found, taker)
+            return None
+        return taker
 
-    def handed(self, takers: Iterable[Taker]) -> None:
-        """The records of a submit are written and the ``takers`` it reserved have their
-        claims in their boxes: wake their holders. One that got none (the records were
-        replays of existing ids) goes back on the books."""
-        for taker in takers:
-            if taker.box:
-                if taker.on_handed is not None:
-                    taker.on_handed()
-            else:
-                with self._cond:
-                    if taker.thread and taker not in self._takers:
-                        self._takers.insert(0, taker)
+    def handed(self, taker: Taker) -> None:
+        """The submit's record is written and the ``taker`` it reserved has its claim in
+        its box: wake its holder. One that got none (the record was a replay of an
+        existing id, or the write failed) goes back on the books."""
+        if taker.box:
+            if taker.on_handed is not None:
+                taker.on_handed()
+            return
+        with self._cond:
+            if taker.thread and taker not in self._takers:
+                self._takers.insert(0, taker)
 
     def then(
         self,

@@ -62,31 +62,35 @@ class ProducerOps(PlaneBase):
         specs: dict[str, QueueSpec] = {}
         idle: set[str] = set()
         invs = [self._pending_record(sub, specs, idle, now) for sub in subs]
-        # (claims parked on these queues take theirs as they are written: _hand_over)
-        handed = self._hand_over(invs, specs, now) if self._changes.takers else []
+        # (a claim parked for a lone call takes it as it is written: _hand_over)
+        handed = None
+        if len(invs) == 1 and self._changes.takers:
+            handed = self._hand_over(invs[0], specs[invs[0].queue], now)
+            if handed is not None:
+                invs[0] = handed[1]
         told = self._changes.told
         try:
             existing = self.store.insert_many(invs)
         except BaseException:
-            self._changes.handed(dict.fromkeys(taker for _, taker in handed))  # (none got any)
+            if handed is not None:
+                self._changes.handed(handed[0])  # (nothing handed: back on the books)
             raise
+        given = handed is not None and existing[0] is None  # (not a replay's record)
+        if handed is not None:
+            # First, before anything else may fail: the record is written leased.
+            if given:
+                handed[0].box.append(_claim_of(invs[0]))
+            self._changes.handed(handed[0])
         self._changes.submitted(
             (inv.id for inv, found in zip(invs, existing, strict=True) if found is None), told
         )
         for name in specs:
             self._touch(name, now)
-        given: set[int] = set()
-        for n, taker in handed:
-            if existing[n] is None:  # (written leased; a replay's record is not its own)
-                taker.box.append(_claim_of(invs[n]))
-                given.add(n)
-        if handed:
-            self._changes.handed(dict.fromkeys(taker for _, taker in handed))
-        if len(given) < len(invs):
+        if not given:
             self._changes.notify(
-                len(invs) - len(given),
+                len(invs),
                 specs,
-                [inv.id for n, inv in enumerate(invs) if n not in given],
+                [inv.id for inv in invs],
                 due_now=all(inv.available_at <= now for inv in invs),
             )
         self.wake_idle(idle, marked=True)

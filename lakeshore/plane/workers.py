@@ -4,10 +4,10 @@ hands expired leases on."""
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from itertools import islice
 from typing import Any
@@ -27,6 +27,8 @@ from .kinds import (
 from .model import Claim, HeartbeatAnswer, Invocation, LogEntry, QueueSpec, State
 
 __all__ = ["WorkerOps"]
+
+_log = logging.getLogger("dreamlake.lakeshore.plane")
 
 #: log chunk numbers per attempt (an entry's seq is attempt * span + n)
 _LOG_SEQ_SPAN = 1_000_000_000
@@ -61,6 +63,13 @@ class WorkerOps(PlaneBase):
                 return []  # the plane is closing: answer empty, promptly
             # (a blocking claim's look lasts until its wait begins: see Changes.look)
             look = self._changes.look(owed) if wait > 0 else None
+            # (a parking claim on a store other processes write: its writes since this
+            # look keep a submit from handing the claim a record, see Changes.reserve)
+            marker = (
+                self.store.change_marker()
+                if self.store.shared and wait > 0 and self._changes.parks
+                else None
+            )
             try:
                 generation = self._changes.generation if look is None else look.generation
                 finishes = self._changes.finishes
@@ -115,58 +124,45 @@ class WorkerOps(PlaneBase):
                 look = None  # (the wait ended it)
                 if not waited:
                     # Parked: the event loop holding the request asks again, unless a
-                    # submit on its thread hands it records first (see _hand_over).
+                    # submit on its thread hands it a record first (see _hand_over).
                     self._changes.claimant(
-                        worker, limit, lease_seconds or self.lease_seconds, self._hand_back
+                        worker, lease_seconds or self.lease_seconds, marker, self._hand_back
                     )
                     return claims
             finally:
                 self._changes.looked(look)
 
     def _hand_over(
-        self, invs: list[Invocation], specs: Mapping[str, QueueSpec], now: float
-    ) -> list[tuple[int, Taker]]:
-        """Lease new records of a submit to claims parked for work on their queues, as
-        the claims' own look would have, before they are written: each such record is
-        replaced in ``invs`` by its leased self, and its place comes back with its
-        claim's :class:`~.changes.Taker` (each taker up to its limit, oldest first). Only a
-        record due now, on a queue without a running cap (a cap is counted by a look)
-        that is not Boltzmann-ordered (a look samples among the pending), goes over.
-        A parked claim found its queues with nothing to take and has been woken by no
-        work since (a wake takes it off the books), so the record is what its look
-        would find first."""
-        out: list[tuple[int, Taker]] = []
-        takers: dict[str, list[Taker]] = {}
-        given: dict[int, int] = {}  # id(taker) -> records handed to it here
-        for n, inv in enumerate(invs):
-            spec = specs.get(inv.queue)
-            if (
-                spec is None
-                or inv.available_at > now
-                or spec.kind == "boltzmann"
-                or running_cap(spec) is not None
-            ):
-                continue
-            held = takers.setdefault(inv.queue, [])
-            taker = next((t for t in held if given[id(t)] < t.limit), None)
-            if taker is None:
-                taker = self._changes.reserve(inv.queue)
-                if taker is None:
-                    continue
-                held.append(taker)
-                given[id(taker)] = 0
-            given[id(taker)] += 1
-            _, _, lease = _lease_update(inv, taker.worker, now, taker.lease_seconds)
-            invs[n] = replace(inv, **lease)
-            out.append((n, taker))
-        return out
+        self, inv: Invocation, spec: QueueSpec, now: float
+    ) -> tuple[Taker, Invocation] | None:
+        """Lease the new record of a lone submit to a claim parked for work on its queue,
+        as that claim's own look would have, before it is written: the claim's
+        :class:`~.changes.Taker` and the record leased to its worker (what the submit
+        writes), or None. Only a record due now, on a queue without a running cap
+        (a cap is counted by a look) that is not Boltzmann-ordered (a look samples among
+        the pending), goes over, and only to a claim whose look found its queues with
+        nothing to take and nothing has changed since (:meth:`Changes.reserve`): the
+        record is then what that look would find first. A batch is not handed over: a
+        look orders a batch's records by their queue's order and the claim's queues."""
+        if inv.available_at > now or spec.kind == "boltzmann" or running_cap(spec) is not None:
+            return None
+        taker = self._changes.reserve(inv.queue)
+        if taker is None:
+            return None
+        _, _, lease = _lease_update(inv, taker.worker, now, taker.lease_seconds)
+        return taker, replace(inv, **lease)
 
     def _hand_back(self, claims: list[Claim]) -> None:
         """Claims handed to a parked claim that its holder could not deliver (its client
-        went away, the server stops): pending again, untried."""
+        went away, the server stops): pending again, untried. One that fails stays
+        leased until its lease runs out (the sweep hands it on); the rest go back."""
         for claim in claims:
-            with contextlib.suppress(LeaseLost, UnknownInvocation):
+            try:
                 self.release(claim.id, claim.lease_token)
+            except (LeaseLost, UnknownInvocation):
+                pass  # (it was handed on, or is gone: nothing to give back)
+            except Exception:
+                _log.exception("handing back claim %s failed; its lease will run out", claim.id)
 
     def _next_due(self, queues: Sequence[str], looked_at: float) -> tuple[float, bool]:
         """Plane time the earliest invocation of ``queues`` that was not due at
