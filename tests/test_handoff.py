@@ -134,8 +134,8 @@ def test_a_hand_over_wakes_no_other_claim(
     plane, asgi = parts
     for name in ("q", "r"):
         plane.ensure_queue(QueueSpec(name))
-    got = claiming(["q"], wait=3.0)
-    others = [claiming(["r"], wait=3.0) for _ in range(4)]
+    got = claiming(["q"], wait=8.0)
+    others = [claiming(["r"], wait=8.0) for _ in range(4)]
     _parked(plane, asgi, 5)
     looks = counting_calls(plane, "claim", monkeypatch)
     # When a call on q is submitted over HTTP
@@ -146,6 +146,9 @@ def test_a_hand_over_wakes_no_other_claim(
     time.sleep(0.3)
     assert looks == [] and not any(others)
     assert asgi.held()[0] == 4
+    for _ in others:  # (the others' calls, one each: they end at once)
+        _submit(served, "r")
+    wait_for(lambda: all(others), 10, "the other claims got nothing")
 
 
 def test_a_claim_cut_as_it_is_handed_a_call_hands_the_call_back(
@@ -156,7 +159,7 @@ def test_a_claim_cut_as_it_is_handed_a_call_hands_the_call_back(
     # Given a claim parked on the server
     plane, asgi = parts
     plane.ensure_queue(QueueSpec("cut"))
-    got = claiming(["cut"], wait=2.0)
+    got = claiming(["cut"], wait=8.0)
     _parked(plane, asgi, 1)
     sub = Submission(new_id(), "cut", PAYLOAD)
     done = threading.Event()
@@ -366,12 +369,12 @@ def test_nothing_is_handed_over_once_a_change_since_the_claims_look_was_told(
 
 
 def test_nothing_is_handed_over_once_the_claims_scheduled_work_is_due(plane: Plane) -> None:
-    # Given a call due in 0.2 s, and a claim parked (to look again when it comes due)
-    later = plane.submit([Submission(new_id(), "q", PAYLOAD, delay=0.2)])[0]
+    # Given a call due in 1 s, and a claim parked (to look again when it comes due)
+    later = plane.submit([Submission(new_id(), "q", PAYLOAD, delay=1.0)])[0]
     park, woken = _park(plane)
-    assert park.timeout <= 0.25
+    assert park.timeout <= 1.0
     # When it has come due (its holder has not looked again yet) and a call is submitted
-    time.sleep(0.3)
+    time.sleep(1.1)
     now = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
     # Then the new call is not handed over past the one come due
     assert park.box == [] and woken == []
@@ -481,3 +484,38 @@ def test_a_hand_back_that_fails_is_logged_and_lets_the_holder_go_on(
     # out, and the sweep hands it on)
     assert "handing back claim" in caplog.text and inv in caplog.text
     assert park.box == []
+
+
+def test_a_claim_whose_look_lost_a_race_is_not_handed_a_newer_call(tmp_path: Any) -> None:
+    # Given three pending calls on a plane file, and a claim whose look reads the first
+    # two while a claim on another thread leases both before it can
+    plane = Plane(SqliteStore(tmp_path / "plane.db"))
+    try:
+        plane.ensure_queue(QueueSpec("q"))
+        a, b, c = (plane.submit([Submission(new_id(), "q", PAYLOAD)])[0] for _ in range(3))
+        real = plane.store.pending
+
+        def racing(*args: Any) -> Any:
+            got = real(*args)
+            plane.store.pending = real  # type: ignore[method-assign]
+            other = threading.Thread(target=plane.claim, args=(["q"], "t"), kwargs={"limit": 2})
+            other.start()
+            other.join(10)
+            return got
+
+        plane.store.pending = racing  # type: ignore[method-assign]
+        with plane.changes.parking() as parked:
+            assert plane.claim(["q"], "w", wait=5.0) == []
+        park = parked()
+        assert park is not None
+        # Then it parks off the books (its look left c pending), and a new call is not
+        # handed to it past c
+        assert park.taker is None
+        plane.changes.hold(park)
+        new = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+        assert plane.get(new).state is State.PENDING
+        plane.changes.unhold(park)
+        assert [x.id for x in plane.claim(["q"], "w")] == [c]
+        assert {plane.get(i).worker for i in (a, b)} == {"t"}
+    finally:
+        plane.close()

@@ -46,10 +46,10 @@ class PauseFlags:
         )
         with self._lock:
             self._cache[queue] = (self._clock() + self._ttl, paused)
-        # Resumed: claims waiting on other queues may take this one's work now. Paused:
-        # claims parked on it look again (a submit must not hand one of them its call,
-        # see Changes.reserve; each then waits out the pause as a new claim would).
-        self._plane.changes.notify(queues=[queue])
+        if paused:  # claims parked on it are handed no more calls (see Changes.reserve)
+            self._plane.changes.withdraw(queue)
+        else:  # claims waiting on other queues may take this one's work now
+            self._plane.changes.notify(queues=[queue])
 
     def paused(self, queues: Iterable[str], *, fresh: bool = False) -> set[str]:
         """The queues among ``queues`` that are paused (``fresh``: read from the store,

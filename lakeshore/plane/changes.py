@@ -623,11 +623,21 @@ class Changes:
             if found is None:
                 return None
             taker = self._takers.pop(found)
-        if taker.marker is not None and self._store.change_marker() != taker.marker:
+        try:
+            moved = taker.marker is not None and self._store.change_marker() != taker.marker
+        except Exception:
+            moved = True  # (the store is closing: nothing handed)
+        if moved:
             with self._cond:  # (another process wrote: the claim looks, as woken)
                 self._takers.insert(found, taker)
             return None
         return taker
+
+    def withdraw(self, queue: str) -> None:
+        """Claims parked for work on ``queue`` are handed nothing more (it was paused:
+        their holders answer them as a look would, at their next)."""
+        with self._cond:
+            self._takers = [t for t in self._takers if queue not in t.queues]
 
     def handed(self, taker: Taker) -> None:
         """The submit's record is written and the ``taker`` it reserved has its claim in

@@ -88,6 +88,8 @@ class WorkerOps(PlaneBase):
                 )
                 # (these queues left with nothing to take now, and no cap holding work back)
                 keep = due_at is None and all(drained) and not any(capped)
+                # (its queues had nothing to take now, as it left them: see _hand_over)
+                emptied = keep or due_at is not None
                 if not claims and seen is not None and generation != seen:
                     self._changes.pass_on(look)  # woken for work not ours: wake another
                 seen = generation
@@ -125,9 +127,10 @@ class WorkerOps(PlaneBase):
                 if not waited:
                     # Parked: the event loop holding the request asks again, unless a
                     # submit on its thread hands it a record first (see _hand_over).
-                    self._changes.claimant(
-                        worker, lease_seconds or self.lease_seconds, marker, self._hand_back
-                    )
+                    if emptied:  # (a look that lost a race may have left work pending)
+                        self._changes.claimant(
+                            worker, lease_seconds or self.lease_seconds, marker, self._hand_back
+                        )
                     return claims
             finally:
                 self._changes.looked(look)
