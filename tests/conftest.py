@@ -15,7 +15,8 @@ import pytest
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.clock import FakeClock
-from dreamlake.lakeshore.server import LocalServer
+from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.server import LocalServer, PlaneASGI
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,3 +47,10 @@ def served(tmp_path: Path) -> Iterator[LocalServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def parts(served: LocalServer) -> tuple[Plane, PlaneASGI]:
+    """The plane and the ASGI app of ``served`` (for tests that look inside the server)."""
+    assert served.plane is not None and served.asgi is not None
+    return served.plane, served.asgi

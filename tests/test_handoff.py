@@ -28,12 +28,6 @@ PAYLOAD = encode_ref_call("math:sqrt", (4.0,), {}).payload
 
 
 @pytest.fixture
-def parts(served: LocalServer) -> tuple[Plane, PlaneASGI]:
-    assert served.plane is not None and served.asgi is not None
-    return served.plane, served.asgi
-
-
-@pytest.fixture
 def claiming(served: LocalServer) -> Iterator[Callable[..., list[list[Claim]]]]:
     """Starts worker ``worker``'s claim (over HTTP, in a thread); its answer lands in the
     list returned."""
@@ -225,8 +219,8 @@ def test_a_claim_on_a_queue_paused_while_it_waited_is_not_handed_its_call(
     parts: tuple[Plane, PlaneASGI],
     claiming: Callable[..., list[list[Claim]]],
 ) -> None:
-    # Given a claim parked on a queue that is then paused (the pause wakes it: it looks
-    # again, and waits out the pause as a new claim would)
+    # Given a claim parked on a queue that is then paused (the pause takes it off the
+    # books; the submit wakes it to look, and it waits out the pause as a new claim would)
     plane, asgi = parts
     plane.ensure_queue(QueueSpec("p"))
     got = claiming(["p"], wait=2.0)

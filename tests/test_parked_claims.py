@@ -29,12 +29,6 @@ PAYLOAD = encode_ref_call("math:sqrt", (4.0,), {}).payload
 
 
 @pytest.fixture
-def parts(served: LocalServer) -> tuple[Plane, PlaneASGI]:
-    assert served.plane is not None and served.asgi is not None
-    return served.plane, served.asgi
-
-
-@pytest.fixture
 def claiming(served: LocalServer) -> Iterator[Callable[[list[str], float], list[list[Claim]]]]:
     """Starts a worker's claim (over HTTP, in a thread) on queues, waiting up to a time;
     its answer lands in the list returned."""
