@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import Any
 
 import dreamlake.lakeshore as dls
-from dreamlake.lakeshore.server import LocalServer
+from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.server import LocalServer, PlaneASGI
 
 
 def wait_for(
@@ -74,3 +75,23 @@ def asleep_on_watch(monkeypatch: Any) -> Callable[[], bool]:
 
     monkeypatch.setattr(SqliteStore, "write_watch", watching)
     return lambda: asleep[0] > 0
+
+
+def parked_claims_settled(
+    plane: Plane, asgi: PlaneASGI, claims: int, *, handed_to: bool = False
+) -> None:
+    """Wait until ``claims`` claims are parked on a served plane, its poller has taken
+    its first look (a change: it wakes them once) and every wake has been answered (none
+    due, none taken and not yet looked again); with ``handed_to``, until each is on the
+    plane's books for a submit's hand-over too."""
+    wait_for(
+        lambda: (
+            plane.changes.polling
+            and asgi.held()[0] == claims
+            and (not handed_to or len(plane.changes._takers) == claims)
+            and not asgi._wake_due
+            and not any(waiter.done() for waiter in list(asgi._parked))
+        ),
+        10,
+        "the parked claims never settled",
+    )

@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from support import counting_calls, role_token, wait_for
+from support import counting_calls, parked_claims_settled, role_token, wait_for
 
 import dreamlake.lakeshore as dls
+from dreamlake.lakeshore.clock import FakeClock
 from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
 from dreamlake.lakeshore.plane.model import Claim, State
 from dreamlake.lakeshore.server import LocalServer, PlaneASGI
@@ -55,19 +56,8 @@ def claiming(served: LocalServer) -> Iterator[Callable[..., list[list[Claim]]]]:
 
 
 def _parked(plane: Plane, asgi: PlaneASGI, claims: int) -> None:
-    """Wait until ``claims`` claims are parked and on the plane's books for a hand-over
-    (the poller's first look, a change, has woken them once and they parked again)."""
-    wait_for(
-        lambda: (
-            plane.changes.polling
-            and asgi.held()[0] == claims
-            and len(plane.changes._takers) == claims
-            and not asgi._wake_due
-            and not any(waiter.done() for waiter in list(asgi._parked))
-        ),
-        10,
-        "the claims never parked",
-    )
+    """Wait until ``claims`` claims are parked and on the plane's books for a hand-over."""
+    parked_claims_settled(plane, asgi, claims, handed_to=True)
 
 
 def _submit(served: LocalServer, queue: str, *args: Any, **options: Any) -> str:
@@ -137,9 +127,8 @@ def test_a_hand_over_wakes_no_other_claim(
     # Then the claim on q is handed it, and no claim looked at the store at all
     wait_for(lambda: bool(got), 10, "the parked claim got nothing")
     assert [c.id for c in got[0]] == [inv]
-    time.sleep(0.3)
+    parked_claims_settled(plane, asgi, 4)  # (every wake the submit made, answered)
     assert looks == [] and not any(others)
-    assert asgi.held()[0] == 4
     for _ in others:  # (the others' calls, one each: they end at once)
         _submit(served, "r")
     wait_for(lambda: all(others), 10, "the other claims got nothing")
@@ -362,19 +351,26 @@ def test_nothing_is_handed_over_once_a_change_since_the_claims_look_was_told(
     assert plane.get(new).state is State.PENDING
 
 
-def test_nothing_is_handed_over_once_the_claims_scheduled_work_is_due(plane: Plane) -> None:
-    # Given a call due in 1 s, and a claim parked (to look again when it comes due)
-    later = plane.submit([Submission(new_id(), "q", PAYLOAD, delay=1.0)])[0]
-    park, woken = _park(plane)
-    assert park.timeout <= 1.0
-    # When it has come due (its holder has not looked again yet) and a call is submitted
-    time.sleep(1.1)
-    now = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
-    # Then the new call is not handed over past the one come due
-    assert park.box == [] and woken == []
-    plane.changes.unhold(park)
-    assert [c.id for c in plane.claim(["q"], "w")] == [later]
-    assert plane.get(now).state is State.PENDING
+def test_nothing_is_handed_over_once_the_claims_scheduled_work_is_due() -> None:
+    # Given a call due in 1 s of plane time, and a claim parked (to look again when it
+    # comes due)
+    clock = FakeClock()
+    plane = Plane(SqliteStore(":memory:"), clock=clock)
+    try:
+        plane.ensure_queue(QueueSpec("q"))
+        later = plane.submit([Submission(new_id(), "q", PAYLOAD, delay=1.0)])[0]
+        park, woken = _park(plane)
+        # When it has come due (its holder has not looked again yet) and a call is
+        # submitted
+        clock.advance(1.1)
+        now = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+        # Then the new call is not handed over past the one come due
+        assert park.box == [] and woken == []
+        plane.changes.unhold(park)
+        assert [c.id for c in plane.claim(["q"], "w")] == [later]
+        assert plane.get(now).state is State.PENDING
+    finally:
+        plane.close()
 
 
 def test_nothing_is_handed_over_after_another_process_wrote_the_plane_file(

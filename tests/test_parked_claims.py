@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from support import counting_calls, role_token, wait_for
+from support import parked_claims_settled as _settled
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.clock import FakeClock
@@ -49,22 +50,6 @@ def claiming(served: LocalServer) -> Iterator[Callable[[list[str], float], list[
     yield start
     for t in threads:
         t.join(30)
-
-
-def _settled(plane: Plane, asgi: PlaneASGI, claims: int) -> None:
-    """Wait until ``claims`` claims are parked, the server's poller has taken its first
-    look (a change: it wakes them once) and every wake has been answered (none due,
-    none taken and not yet looked again)."""
-    wait_for(
-        lambda: (
-            plane.changes.polling
-            and asgi.held()[0] == claims
-            and not asgi._wake_due
-            and not any(waiter.done() for waiter in list(asgi._parked))
-        ),
-        10,
-        "the parked claims never settled",
-    )
 
 
 def _submit(served: LocalServer, queue: str, **options: Any) -> str:

@@ -100,8 +100,8 @@ class Taker:
 
     __slots__ = (
         "box",
+        "due",
         "lease_seconds",
-        "look_again",
         "marker",
         "on_handed",
         "queues",
@@ -116,17 +116,17 @@ class Taker:
         worker: str,
         lease_seconds: float,
         since: int,
-        look_again: float,
+        due: float,
         marker: Any,
     ) -> None:
         self.queues = queues
         self.worker = worker
         self.lease_seconds = lease_seconds
-        #: the generation the claim's look began at, the monotonic time it wants to look
-        #: again (work it saw scheduled comes due), and the store's change marker before
-        #: the look (None: a store only this process writes)
+        #: the generation the claim's look began at, the plane time the earliest work it
+        #: saw scheduled comes due (inf: none), and the store's change marker before the
+        #: look (None: a store only this process writes)
         self.since = since
-        self.look_again = look_again
+        self.due = due
         self.marker = marker
         #: the claims handed over (to answer, or to hand back if the answer cannot go)
         self.box: list[Any] = []
@@ -566,23 +566,28 @@ class Changes:
         slot.park = replace(slot.park, box=box, release=release, answer=lambda recs: recs)
 
     def claimant(
-        self, worker: str, lease_seconds: float, marker: Any, hand_back: Callable[[list[Any]], None]
+        self,
+        worker: str,
+        lease_seconds: float,
+        due: float,
+        marker: Any,
+        hand_back: Callable[[list[Any]], None],
     ) -> None:
         """The last park of this thread is a claim a lone submit may hand its record to
         while it is held (see :class:`Taker`): not one a finish may unblock (a capped
         queue's: a cap is counted by the claim's own look). Its answer is made from the
         claims handed over (:meth:`then` wraps it as for a result wait); ``hand_back``
-        gets those its holder could not deliver (the park's ``release``). ``marker``:
-        the store's change marker read before the claim looked, on a store other
-        processes write (None elsewhere)."""
+        gets those its holder could not deliver (the park's ``release``). ``due``: the
+        plane time the earliest work the look saw scheduled comes due (inf: none);
+        ``marker``: the store's change marker read before the claim looked, on a store
+        other processes write (None elsewhere)."""
         slot = self._parking
         park = slot.park
         if not slot.on or park is None or park.kind != "generation" or park.finishes:
             return
         if not park.queues:
             return
-        look_again = time.monotonic() + park.timeout
-        taker = Taker(park.queues, worker, lease_seconds, park.since, look_again, marker)
+        taker = Taker(park.queues, worker, lease_seconds, park.since, due, marker)
         box = taker.box
 
         def release() -> None:
@@ -598,16 +603,15 @@ class Changes:
         a hint; :meth:`reserve` decides)."""
         return bool(self._takers)
 
-    def reserve(self, queue: str) -> Taker | None:
+    def reserve(self, queue: str, now: float) -> Taker | None:
         """The oldest claim held on this thread that waits on ``queue``, taken off the
         books (a submit hands it its record, then :meth:`handed`); None: none may be
         handed one. A claim qualifies only while what its look saw still stands: no
         change told since (new work elsewhere, a hand-back, a retry, a resume: the
         claim is woken to look, and work older than the submit's may be pending), its
-        scheduled work not come due, and no other process's write to the store since
-        it looked (:meth:`~.store.Store.change_marker`)."""
+        scheduled work not come due by ``now`` (plane time), and no other process's
+        write to the store since it looked (:meth:`~.store.Store.change_marker`)."""
         me = threading.get_ident()
-        now = time.monotonic()
         with self._cond:
             found = next(
                 (
@@ -616,7 +620,7 @@ class Changes:
                     if t.thread == me
                     and queue in t.queues
                     and t.since == self._generation
-                    and now < t.look_again
+                    and now < t.due
                 ),
                 None,
             )

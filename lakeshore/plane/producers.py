@@ -14,28 +14,14 @@ from .base import PlaneBase
 from .changes import LOOK_AGAIN
 from .ids import nameable
 from .kinds import check_retry
-from .model import FINISHED, Claim, Invocation, QueueSpec, RetryPolicy, State, Submission
+from .model import FINISHED, Invocation, QueueSpec, RetryPolicy, State, Submission
 from .ordering import order_key
+from .workers import claim_of
 
 if TYPE_CHECKING:
     from ..transport import Unwatch
 
 __all__ = ["ProducerOps", "request_digest"]
-
-
-def _claim_of(rec: Invocation) -> Claim:
-    """The claim a record written leased stands for (see :meth:`PlaneBase._hand_over`)."""
-    assert rec.payload is not None and rec.lease_token is not None
-    assert rec.lease_expires_at is not None
-    return Claim(
-        id=rec.id,
-        queue=rec.queue,
-        payload=rec.payload,
-        lease_token=rec.lease_token,
-        lease_expires_at=rec.lease_expires_at,
-        attempt=rec.attempt,
-        timeout=rec.timeout,
-    )
 
 
 def request_digest(sub: Submission) -> str:
@@ -79,7 +65,7 @@ class ProducerOps(PlaneBase):
         if handed is not None:
             # First, before anything else may fail: the record is written leased.
             if given:
-                handed[0].box.append(_claim_of(invs[0]))
+                handed[0].box.append(claim_of(invs[0]))
             self._changes.handed(handed[0])
         self._changes.submitted(
             (inv.id for inv, found in zip(invs, existing, strict=True) if found is None), told

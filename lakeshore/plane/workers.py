@@ -129,7 +129,11 @@ class WorkerOps(PlaneBase):
                     # submit on its thread hands it a record first (see _hand_over).
                     if emptied:  # (a look that lost a race may have left work pending)
                         self._changes.claimant(
-                            worker, lease_seconds or self.lease_seconds, marker, self._hand_back
+                            worker,
+                            lease_seconds or self.lease_seconds,
+                            due_at,
+                            marker,
+                            self._hand_back,
                         )
                     return claims
             finally:
@@ -149,7 +153,7 @@ class WorkerOps(PlaneBase):
         look orders a batch's records by their queue's order and the claim's queues."""
         if inv.available_at > now or spec.kind == "boltzmann" or running_cap(spec) is not None:
             return None
-        taker = self._changes.reserve(inv.queue)
+        taker = self._changes.reserve(inv.queue, now)
         if taker is None:
             return None
         _, _, lease = _lease_update(inv, taker.worker, now, taker.lease_seconds)
@@ -273,21 +277,11 @@ class WorkerOps(PlaneBase):
         One lost to another claim, or without a payload, is left out."""
         updates = [_lease_update(rec, worker, now, lease_seconds) for rec in recs]
         answers = self.store.update_many_if(updates, running_below=cap)
-        claims = []
-        for (_, _, lease), updated in zip(updates, answers, strict=True):
-            if updated is None or updated.payload is None:
-                continue
-            claim = Claim(
-                id=updated.id,
-                queue=updated.queue,
-                payload=updated.payload,
-                lease_token=lease["lease_token"],
-                lease_expires_at=lease["lease_expires_at"],
-                attempt=updated.attempt,
-                timeout=updated.timeout,
-            )
-            claims.append(claim)
-        return claims
+        return [
+            claim_of(updated)
+            for updated in answers
+            if updated is not None and updated.payload is not None
+        ]
 
     def heartbeat(
         self, inv_id: str, lease_token: str, *, lease_seconds: float | None = None
@@ -639,6 +633,21 @@ def _held(lease_token: str | None) -> dict[str, Any]:
 def _holds(rec: Invocation, lease_token: str) -> bool:
     """Whether ``rec`` as read is running under this lease."""
     return rec.state is State.RUNNING and rec.lease_token == lease_token
+
+
+def claim_of(rec: Invocation) -> Claim:
+    """The claim a record written leased stands for (its lease, as the store has it)."""
+    assert rec.payload is not None and rec.lease_token is not None
+    assert rec.lease_expires_at is not None
+    return Claim(
+        id=rec.id,
+        queue=rec.queue,
+        payload=rec.payload,
+        lease_token=rec.lease_token,
+        lease_expires_at=rec.lease_expires_at,
+        attempt=rec.attempt,
+        timeout=rec.timeout,
+    )
 
 
 def _lease_update(rec: Invocation, worker: str, now: float, lease_seconds: float) -> Update:
