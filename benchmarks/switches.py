@@ -1,6 +1,6 @@
-"""Switches: where B's CPU and context switches go, process by process, over ``serve``.
+"""Switches: where B's (or C's) CPU and context switches go, process by process, over ``serve``.
 
-    .venv/bin/python benchmarks/switches.py [--calls 1000] [--runs 3]
+    .venv/bin/python benchmarks/switches.py [--calls 1000] [--runs 3] [--workload C]
 
 Starts the ``ls-serve`` stack of ``compare.py`` (``lakeshore serve`` and 2 ``lakeshore
 worker start`` processes), warms it up, then makes ``--calls`` sequential calls of
@@ -9,8 +9,10 @@ after from ``/proc`` (Linux): CPU (user + system), voluntary context switches (a
 that slept and was woken) and involuntary ones (a runnable thread put off its core, most
 often by a process it had just woken). Prints, per call, the sums for the server, the
 workers' parents and their job processes, and the producer's CPU (this process), with
-B's p50. On 2 shared cores every wake-up and every preemption is time another hop of the
-call waits for a core. Run by hand; the machine is shared and noisy.
+B's p50. ``--workload C`` makes C's calls instead (a fresh 1 MiB ``bytes`` argument, the
+job returns its length; use fewer calls: each holds a megabyte). On 2 shared cores every
+wake-up and every preemption is time another hop of the call waits for a core. Run by
+hand; the machine is shared and noisy.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def snapshot(server: int, workers: list[int]) -> dict[str, list[float]]:
     return sums
 
 
-def run(calls: int) -> str:
+def run(calls: int, workload: str = "B") -> str:
     with (
         tempfile.TemporaryDirectory(prefix="lks-switches-") as tmp,
         compare.lakeshore_stack("ls-serve", Path(tmp)) as stack,
@@ -91,16 +93,27 @@ def run(calls: int) -> str:
         q = dls.SyncQueue("bench", dispatch=dp)
         for i in range(100):
             compare.check(q.result(compare.square.submit(i, _dispatch=dp)) == i * i, "warm")
+        if workload == "C":
+            warm = os.urandom(2**20)
+            compare.check(q.result(compare.nbytes.submit(warm, _dispatch=dp)) == 2**20, "warm")
+        # (C: a fresh 1 MiB each call, as compare.py's C: a repeat would skip the upload)
+        fresh = calls if workload == "C" else 0
+        blobs = [i.to_bytes(8, "big") + os.urandom(2**20 - 8) for i in range(fresh)]
         before, ru0 = snapshot(server, workers), resource.getrusage(resource.RUSAGE_SELF)
         took = []
         for i in range(calls):
             t0 = time.perf_counter()
-            v = q.result(compare.square.submit(i, _dispatch=dp), timeout=30)
+            if workload == "C":
+                v = q.result(compare.nbytes.submit(blobs[i], _dispatch=dp), timeout=30)
+                want = len(blobs[i])
+            else:
+                v, want = q.result(compare.square.submit(i, _dispatch=dp), timeout=30), i * i
             took.append(time.perf_counter() - t0)
-            compare.check(v == i * i, f"square({i}) = {v}")
+            compare.check(v == want, f"call {i} = {v}")
         after, ru1 = snapshot(server, workers), resource.getrusage(resource.RUSAGE_SELF)
     producer = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / calls * 1e3
-    cells = [f"B p50 {percentile(took, 0.5) * 1e3:.2f} ms", f"producer CPU {producer:.2f} ms"]
+    p50 = percentile(took, 0.5) * 1e3
+    cells = [f"{workload} p50 {p50:.2f} ms", f"producer CPU {producer:.2f} ms"]
     for role in ("server", "parents", "children"):
         cpu, vol, invol = (after[role][k] - before[role][k] for k in range(3))
         cells.append(
@@ -114,12 +127,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=1000)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--workload", choices=("B", "C"), default="B")
     a = p.parse_args()
     if not Path("/proc/self/task").is_dir():
         print("reads /proc: Linux only", file=sys.stderr)
         return 2
     for _ in range(a.runs):
-        print(run(a.calls), flush=True)
+        print(run(a.calls, a.workload), flush=True)
     return 0
 
 

@@ -242,16 +242,16 @@ def test_a_blob_in_pieces_is_checked_and_kept_whole_on_either_store(tmp_path: Pa
 def test_whole_blobs_are_checked_before_any_is_kept_on_either_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Large blobs bound for a file are hashed on another thread while the file is
-    # written; the file gets its name only once every blob of the put has matched.
-    hashed_on: list[str] = []
-    real = blobs_module._sha256
+    # Large blobs bound for a file have their file written on another thread while this
+    # one hashes them; the file gets its name only once every blob of the put has matched.
+    written_on: list[str] = []
+    real = blobs_module._write_part
 
-    def sha256(data: bytes) -> str:
-        hashed_on.append(threading.current_thread().name)
-        return real(data)
+    def write_part(store: Any, digest: str, data: bytes) -> Any:
+        written_on.append(threading.current_thread().name)
+        return real(store, digest, data)
 
-    monkeypatch.setattr(blobs_module, "_sha256", sha256)
+    monkeypatch.setattr(blobs_module, "_write_part", write_part)
     big, other = os.urandom(MIB), os.urandom(HASH_BESIDE)
     d_big, d_other = hashlib.sha256(big).hexdigest(), hashlib.sha256(other).hexdigest()
     small = b"small bytes"
@@ -265,12 +265,12 @@ def test_whole_blobs_are_checked_before_any_is_kept_on_either_store(
                     plane.put_blobs({d_small: small, **wrong})
                 assert plane.missing_blobs([d_big, d_other, d_small]) == {d_big, d_other, d_small}
             # the right bytes: all kept, readable whole
-            hashed_on.clear()
+            written_on.clear()
             plane.put_blobs({d_big: big, d_other: other, d_small: small})
             assert [plane.get_blob(d) for d in (d_big, d_other, d_small)] == [big, other, small]
-            beside = [name for name in hashed_on if name.startswith("lakeshore-hash")]
-            # (only a plane file's large blobs are hashed beside their file's write)
-            assert len(beside) == (2 if store.shared else 0)
+            beside = [name for name in written_on if name.startswith("lakeshore-blobs")]
+            # (only a plane file's large blobs are written beside their hash)
+            assert len(beside) == len(written_on) == (2 if store.shared else 0)
             # a blob the plane holds already is checked and not written again
             plane.put_blobs({d_big: big})
         finally:

@@ -103,7 +103,7 @@ class Plane(QueueOps, ProducerOps, WorkerOps, DaemonOps, DataOps):
     def put_blobs(self, blobs: Mapping[str, bytes]) -> None:
         """Store content-addressed blobs. Each is checked against its digest first:
         one that does not match raises :class:`InvalidRequest` and none is stored (a
-        large one is hashed while its file is written: :func:`~.blobs.put_checked`)."""
+        large one is hashed while another thread writes its file: :func:`~.blobs.put_checked`)."""
         put_checked(self.store, blobs, self.clock.now())
 
     def blob_upload(self, digest: str, *, limit: int) -> BlobUpload:
