@@ -24,7 +24,7 @@ from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 
 from .. import logs
 from ..api import Identity, Service, authenticate
-from ..api.codec import JSON, decode_body, encode_body, pick_type, reason
+from ..api.codec import JSON, MSGPACK, decode_body, encode_body, pick_type, reason
 from ..dashboard import asset as dashboard_file
 from ..errors import (
     InvalidRequest,
@@ -42,6 +42,7 @@ from . import apigw
 __all__ = [
     "ROUTES",
     "Upload",
+    "carry_path",
     "download_path",
     "fast_path",
     "handler",
@@ -55,6 +56,7 @@ ROUTES: list[tuple[str, str]] = []
 _FAST = "_lakeshore_resolve_fast"
 _UPLOAD = "_lakeshore_upload"
 _DOWNLOAD = "_lakeshore_download"
+_CARRY = "_lakeshore_carry"
 
 
 def fast_path(app: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
@@ -68,6 +70,14 @@ def download_path(app: Any) -> Callable[[dict[str, Any]], str | dict[str, Any] |
     """The streamed blob download of an app made by :func:`make_app` (``lakeshore serve``
     sends a blob's file in pieces; see ``download_start``)."""
     found = getattr(app, "__dict__", {}).get(_DOWNLOAD)
+    return found if callable(found) else None
+
+
+def carry_path(app: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
+    """The first half of a submit carrying blobs, of an app made by :func:`make_app`
+    (``lakeshore serve`` stores them on a request thread, then submits the rest on its
+    event loop; see ``carry`` there)."""
+    found = getattr(app, "__dict__", {}).get(_CARRY)
     return found if callable(found) else None
 
 
@@ -251,6 +261,32 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
         return _fast_result(response)
 
     app.__dict__[_FAST] = resolve_fast
+
+    def carry(event: dict[str, Any]) -> dict[str, Any] | None:
+        """For ``lakeshore serve``: a msgpack submit (``POST /v1/invocations``) that
+        carries blobs, checked and its blobs stored (``Service.carry``); the event of
+        the rest, to resolve as a submit without them. None, having done nothing, for
+        any other request and for one refused (resolved whole, it is answered why)."""
+        http = event["requestContext"]["http"]
+        if (http["method"], event["rawPath"]) != ("POST", "/v1/invocations"):
+            return None
+        kind = apigw.header(event, "content-type")
+        if kind is None or kind.split(";")[0].strip().lower() != MSGPACK:
+            return None
+        app.current_event = app._to_proxy_event(event)  # type: ignore[assignment]
+        try:
+            rest = service.carry(caller(), body())
+        except Exception:  # (LakeshoreError or not: resolved whole, it is answered)
+            return None
+        finally:
+            app.current_event = None  # type: ignore[assignment]
+        if rest is None:
+            return None
+        data = encode_body(rest, MSGPACK)
+        headers = {**event["headers"], "content-length": str(len(data))}
+        return {**event, "headers": headers, "body": data}
+
+    app.__dict__[_CARRY] = carry
 
     # --- hello and queues ----------------------------------------------------------
     route("GET", "/v1/hello")(lambda ident: service.hello(ident))

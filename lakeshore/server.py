@@ -251,6 +251,7 @@ class PlaneASGI:
         downloads: Callable[[dict[str, Any]], str | dict[str, Any] | None] | None = None,
         sweep: Callable[[], object] | None = None,
         sweep_every: float = 1.0,
+        carry: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
         if threads < 1:
             raise ValueError("threads must be at least 1")
@@ -280,6 +281,12 @@ class PlaneASGI:
         self.downloads = downloads
         #: requests ``inline(method, path, body size)`` accepts are answered on the loop
         self.inline = inline
+        #: the first half of a submit too large for the loop, carrying blobs: in a request
+        #: thread, its blobs checked and stored; the event of the rest, which the loop
+        #: resolves (where its call may be handed to a parked claim); None: resolved whole
+        #: in the thread. Only where the loop answers short requests; see
+        #: handlers.api.carry_path
+        self.carry = carry if self._quick else None
         #: requests ``parks(method, path, body size)`` accepts are parked (with ``changes``)
         self.parks = parks if changes is not None else None
         self.changes = changes
@@ -390,14 +397,28 @@ class PlaneASGI:
         event: dict[str, Any],
         waiter: asyncio.Future[Answer | None],
         loop: asyncio.AbstractEventLoop,
+        carry: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
-        """In a pool thread: resolve the request and hand the answer to the event loop."""
+        """In a pool thread: resolve the request and hand the answer to the event loop;
+        or, for a request ``carry`` takes (a submit carrying blobs), do that first half
+        here and hand the rest to the loop to resolve (:meth:`_resolve_rest`)."""
+        rest = None
         try:
-            answer = self._resolve(event)
+            rest = carry(event) if carry is not None else None
+            answer = self._resolve(event) if rest is None else None
         finally:
             self._give_thread()
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits for it
-            loop.call_soon_threadsafe(_settle, waiter, answer)
+            if rest is None:
+                loop.call_soon_threadsafe(_settle, waiter, answer)
+            else:
+                loop.call_soon_threadsafe(self._resolve_rest, waiter, rest)
+
+    def _resolve_rest(self, waiter: asyncio.Future[Answer | None], event: dict[str, Any]) -> None:
+        """On the event loop: resolve the rest of a request a thread began (unless a stop
+        answered it meanwhile) and settle its waiter with the answer."""
+        if not waiter.done():
+            _settle(waiter, self._resolve(event))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -447,8 +468,9 @@ class PlaneASGI:
             event = self._event(scope, headers, body)
             loop = self._loop = asyncio.get_running_loop()
             waiter: asyncio.Future[Answer | None] = loop.create_future()
+            carry = self.carry if scope["method"] == "POST" else None
             try:
-                self._pool.submit(self._run, event, waiter, loop)
+                self._pool.submit(self._run, event, waiter, loop, carry)
             except RuntimeError:  # the pool is shut down: the server is stopping
                 self._give_thread()
                 answer = _stopping_response(headers)
@@ -1505,7 +1527,7 @@ class LocalServer:
         import uvicorn
 
         from .api import Service, bootstrap_admin, create_token
-        from .handlers.api import download_path, fast_path, make_app, upload_path
+        from .handlers.api import carry_path, download_path, fast_path, make_app, upload_path
 
         sock = _bind(self.host, self.port)
         try:
@@ -1528,6 +1550,7 @@ class LocalServer:
                 fast=fast_path(app),
                 uploads=upload_path(app),
                 downloads=download_path(app),
+                carry=carry_path(app),
                 sweep=self.plane.maybe_sweep,
                 sweep_every=self.plane.sweep_interval,
             )

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgpack
 import pytest
 from support import counting_calls, parked_claims_settled, role_token, wait_for
 
@@ -106,6 +107,44 @@ def test_a_call_submitted_while_a_claim_is_parked_is_handed_to_it_without_a_look
     # ... and its lease is the worker's to complete
     plane.complete(inv, claim.lease_token, b"\x01")
     assert plane.get(inv).state is State.SUCCEEDED
+
+
+def test_a_submit_carrying_a_large_argument_hands_its_call_over_too(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[..., list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a worker's claim parked on an empty queue
+    plane, asgi = parts
+    plane.ensure_queue(QueueSpec("h"))
+    got = claiming(["h"], "gpu-1")
+    _parked(plane, asgi, 1)
+    looks = counting_calls(plane, "claim", monkeypatch)
+    ran_on: dict[str, list[str]] = {"put_blobs": [], "submit": []}
+    for name, seen in ran_on.items():
+        real = getattr(plane, name)
+
+        def on_thread(*args: Any, _real: Any = real, _seen: list[str] = seen) -> Any:
+            _seen.append(threading.current_thread().name)
+            return _real(*args)
+
+        monkeypatch.setattr(plane, name, on_thread)
+    # When a call whose argument is carried in its submit, too large for the event loop
+    # (a 300 KiB blob in a body over 64 KiB), is submitted over HTTP
+    arg = b"x" * (300 * 1024)
+    assert served.admin_token is not None
+    with dls.Dispatch(served.url, token=served.admin_token) as producer:
+        inv = dls.SyncQueue("h", dispatch=producer).submit(len, arg)
+    # Then its blob was checked and stored on a request thread, its record made on the
+    # event loop, and the parked claim was handed the call without a look
+    assert [name.startswith("lakeshore-api") for name in ran_on["put_blobs"]] == [True]
+    assert ran_on["submit"] == ["lakeshore-serve"]
+    wait_for(lambda: bool(got), 10, "the parked claim got nothing")
+    assert [c.id for c in got[0]] == [inv] and looks == []
+    rec = plane.get(inv)
+    assert rec.state is State.RUNNING and rec.worker == "gpu-1"
+    assert arg in plane.get_blob(msgpack.unpackb(rec.payload)["args_ref"])
 
 
 def test_a_hand_over_wakes_no_other_claim(

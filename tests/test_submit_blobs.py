@@ -31,6 +31,7 @@ from support import role_token
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore import wire
 from dreamlake.lakeshore.api import Limits, Service, bootstrap_admin
+from dreamlake.lakeshore.api.auth import Identity
 from dreamlake.lakeshore.handlers import apigw
 from dreamlake.lakeshore.handlers.api import make_app
 from dreamlake.lakeshore.http import HttpTransport
@@ -361,3 +362,63 @@ def test_blobs_a_submit_cannot_carry_are_uploaded_first(
         finally:
             stop.set()
             thread.join(timeout=30)
+
+
+# --- lakeshore serve: a large submit's blobs stored on a thread, the rest on the loop ---
+
+
+@pytest.mark.parametrize(
+    ("who", "bytes_ok", "status"),
+    [
+        ("worker", True, 403),
+        ("producer of queue a", True, 403),
+        ("producer", False, 400),
+    ],
+    ids=["a worker's token", "a queue the token may not submit to", "bytes not the digest's"],
+)
+def test_serve_refuses_a_large_carrying_submit_before_storing_its_blobs(
+    served: LocalServer, who: str, bytes_ok: bool, status: int
+) -> None:
+    # Given a submit over 64 KiB (answered in a request thread, its blobs stored there
+    # before its records are made on the event loop) whose caller or blob is wrong
+    assert served.admin_token is not None and served.plane is not None
+    with dls.Dispatch(served.url, token=served.admin_token) as admin:
+        transport = admin.transport
+        assert isinstance(transport, HttpTransport)
+        role, _, queues = who.partition(" of queue ")
+        token = str(transport.create_token(role, [queues] if queues else ["*"])["token"])
+    data = os.urandom(300 * 1024)
+    digest = hashlib.sha256(data if bytes_ok else b"other").hexdigest()
+    item = {"queue": "b", "ref": "math:sqrt", "args": [4]}
+    body = msgpack.packb({"invocations": [item], "blobs": {digest: data}}, use_bin_type=True)
+    host, port = served.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        headers = {"Content-Type": MP, "Authorization": f"Bearer {token}"}
+        conn.request("POST", "/v1/invocations", body=body, headers=headers)
+        answer = conn.getresponse()
+        got = msgpack.unpackb(answer.read())
+    finally:
+        conn.close()
+    # Then it is refused with its reason, and nothing was stored: no blob, no record
+    assert answer.status == status, got
+    assert "\n" not in got["error"]["message"]
+    assert served.plane.missing_blobs([digest]) == {digest}
+    assert served.plane.list_queues() == []
+
+
+def test_a_carry_without_blobs_does_nothing_and_one_with_them_leaves_the_rest(
+    api: Api,
+) -> None:
+    # Service.carry, serve's first half of a large submit: its blobs stored, the rest
+    # returned for the submit that makes its records
+    service = Service(api.plane)
+    producer = Identity("t", "producer", ("*",))
+    item = {"queue": "jobs", "ref": "math:sqrt", "args": [4]}
+    assert service.carry(producer, {"invocations": [item]}) is None
+    data = b"carried bytes"
+    digest = hashlib.sha256(data).hexdigest()
+    rest = service.carry(producer, {"invocations": [item], "blobs": {digest: data}})
+    assert rest == {"invocations": [item]}
+    assert api.plane.get_blob(digest) == data
+    assert api.plane.list_queues() == []  # (the records are the rest's submit's to make)

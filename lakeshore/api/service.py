@@ -303,14 +303,7 @@ class Service(WorkerRoutes):
         """Submit invocations; ``blobs`` (digest → bytes), when given, are stored first,
         each checked against its digest (a mismatch stores nothing and submits nothing),
         so a call's argument blob needs no upload of its own."""
-        ident.require("producer")
-        body = fields(body, _SUBMIT, required=("invocations",))
-        items = body["invocations"]
-        if not items or len(items) > self.limits.max_batch:
-            raise InvalidRequest(f"invocations must hold 1 to {self.limits.max_batch} items")
-        groups = IdGroups() if len(items) > 1 else None
-        subs = [self._submission(ident, item, i, groups) for i, item in enumerate(items)]
-        blobs = self._carried_blobs(body.get("blobs"))
+        subs, blobs = self._submit_parts(ident, body)
         if blobs:
             self.plane.put_blobs(blobs)
         created = []
@@ -335,6 +328,33 @@ class Service(WorkerRoutes):
         for name, n in per_queue.items():
             self.metrics.submitted(name, n)
         return {"ids": ids}
+
+    def carry(self, ident: Identity, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The first half of a submit that carries blobs, for a caller that makes its
+        records apart (``lakeshore serve`` stores a large submit's blobs on a request
+        thread and submits the rest on its event loop, where a call can be handed to a
+        parked claim): the submit checked as :meth:`submit` checks it, its blobs stored,
+        and its body without them returned, to submit next; None when it carries none
+        (nothing done). Raises as :meth:`submit` would, having stored nothing."""
+        if not isinstance(body, dict) or not body.get("blobs"):
+            return None
+        _, blobs = self._submit_parts(ident, body)
+        self.plane.put_blobs(blobs)
+        return {key: value for key, value in body.items() if key != "blobs"}
+
+    def _submit_parts(
+        self, ident: Identity, body: dict[str, Any]
+    ) -> tuple[list[Submission], dict[str, bytes]]:
+        """A submit's records to make and the blobs it carries, each checked (the blobs
+        not yet against their digests: storing them does that)."""
+        ident.require("producer")
+        body = fields(body, _SUBMIT, required=("invocations",))
+        items = body["invocations"]
+        if not items or len(items) > self.limits.max_batch:
+            raise InvalidRequest(f"invocations must hold 1 to {self.limits.max_batch} items")
+        groups = IdGroups() if len(items) > 1 else None
+        subs = [self._submission(ident, item, i, groups) for i, item in enumerate(items)]
+        return subs, self._carried_blobs(body.get("blobs"))
 
     def _carried_blobs(self, raw: dict[str, Any] | None) -> dict[str, bytes]:
         """The ``blobs`` of a submit, each named by a sha256 (not yet checked)."""
