@@ -26,6 +26,7 @@ import pickle
 import re
 import sys
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,19 +116,55 @@ def _fn_name(fn: Any) -> str:
 _PLAIN = frozenset({str, bytes, int, float, bool, type(None)})
 
 
+#: bytes of one value from which a pickler writes its data past its own buffer (its frame
+#: size target), to a file handed the value itself: see _pickle_once
+_STREAMED = 64 * 1024
+
+
+class _Parts:
+    """A pickler's file that keeps each piece it is given, in order."""
+
+    __slots__ = ("write",)
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.write = parts.append
+
+
+def _pickle_once(value: Any, pickler: type[pickle.Pickler]) -> bytes:
+    """The bytes ``dumps`` makes of ``value`` with ``pickler`` (:mod:`pickle`'s or
+    cloudpickle's), each large bytes-like value in it copied once, into the result: a
+    pickler writing to a file hands it such a value itself, past its buffer, where
+    ``dumps`` copies it into a buffer it grows and shrinks again (a 1 MiB argument:
+    ~0.37 against ~0.07-0.1 ms here; a small value ~0.6 µs slower by :mod:`pickle`,
+    ~0.2 µs faster by cloudpickle)."""
+    parts: list[Any] = []
+    pickler(_Parts(parts), PICKLE_PROTOCOL).dump(value)
+    return b"".join(parts)
+
+
+def _streamed(values: Iterable[Any]) -> bool:
+    """Whether any of the plain ``values`` is bytes a pickler writes past its buffer."""
+    return any(type(v) is bytes and len(v) >= _STREAMED for v in values)
+
+
 def _dumps(value: Any) -> bytes:
     """``cloudpickle.dumps(value)``: by :mod:`pickle` itself for a plain value, which
     pickles to the same bytes without cloudpickle's set-up for each call (~2.5 µs)."""
     if type(value) in _PLAIN:
+        if _streamed((value,)):
+            return _pickle_once(value, pickle.Pickler)
         return pickle.dumps(value, PICKLE_PROTOCOL)
-    return bytes(cloudpickle.dumps(value, protocol=PICKLE_PROTOCOL))
+    return _pickle_once(value, cloudpickle.Pickler)
 
 
 def _pickle_args(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
     if all(type(a) in _PLAIN for a in args) and all(type(v) in _PLAIN for v in kwargs.values()):
-        return pickle.dumps((args, kwargs), PICKLE_PROTOCOL)  # (the bytes cloudpickle writes)
+        # (the bytes cloudpickle writes)
+        if _streamed(args) or _streamed(kwargs.values()):
+            return _pickle_once((args, kwargs), pickle.Pickler)
+        return pickle.dumps((args, kwargs), PICKLE_PROTOCOL)
     try:
-        return bytes(cloudpickle.dumps((args, kwargs), protocol=PICKLE_PROTOCOL))
+        return _pickle_once((args, kwargs), cloudpickle.Pickler)
     except Exception as exc:
         # Find the argument to blame, by name where the signature gives one.
         try:
@@ -150,7 +187,7 @@ def _pickle_args(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> byte
 
 def pickle_function(fn: Any) -> bytes:
     try:
-        return bytes(cloudpickle.dumps(fn, protocol=PICKLE_PROTOCOL))
+        return _pickle_once(fn, cloudpickle.Pickler)
     except Exception as exc:
         raise SerializationError(
             f"function {_fn_name(fn)} cannot be pickled: {type(exc).__name__}: {exc}"
