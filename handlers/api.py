@@ -57,6 +57,8 @@ _FAST = "_lakeshore_resolve_fast"
 _UPLOAD = "_lakeshore_upload"
 _DOWNLOAD = "_lakeshore_download"
 _CARRY = "_lakeshore_carry"
+#: the media types of a msgpack body
+_MSGPACKS = frozenset({MSGPACK, "application/x-msgpack"})
 
 
 def fast_path(app: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
@@ -271,12 +273,15 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
         if (http["method"], event["rawPath"]) != ("POST", "/v1/invocations"):
             return None
         kind = apigw.header(event, "content-type")
-        if kind is None or kind.split(";")[0].strip().lower() != MSGPACK:
+        if kind is None or kind.split(";")[0].strip().lower() not in _MSGPACKS:
             return None
         app.current_event = app._to_proxy_event(event)  # type: ignore[assignment]
         try:
             rest = service.carry(caller(), body())
-        except Exception:  # (LakeshoreError or not: resolved whole, it is answered)
+        except LakeshoreError:
+            return None
+        except Exception:  # (resolved whole, it is answered; but this is a bug)
+            log.exception("unhandled error storing a submit's blobs")
             return None
         finally:
             app.current_event = None  # type: ignore[assignment]

@@ -401,10 +401,17 @@ class PlaneASGI:
     ) -> None:
         """In a pool thread: resolve the request and hand the answer to the event loop;
         or, for a request ``carry`` takes (a submit carrying blobs), do that first half
-        here and hand the rest to the loop to resolve (:meth:`_resolve_rest`)."""
+        here and hand the rest to the loop to resolve (:meth:`_resolve_rest`) if it is
+        one the loop answers (its size), else resolve the rest here."""
         rest = None
         try:
-            rest = carry(event) if carry is not None else None
+            if carry is not None:
+                try:
+                    rest = carry(event)
+                except Exception:  # (it answers None for what it refuses: this is a bug)
+                    log.exception("unhandled error storing the blobs of %s", event["rawPath"])
+            if rest is not None and not self._loop_takes(rest):
+                event, rest = rest, None  # (a rest too large for the loop: resolved here)
             answer = self._resolve(event) if rest is None else None
         finally:
             self._give_thread()
@@ -413,6 +420,13 @@ class PlaneASGI:
                 loop.call_soon_threadsafe(_settle, waiter, answer)
             else:
                 loop.call_soon_threadsafe(self._resolve_rest, waiter, rest)
+
+    def _loop_takes(self, event: dict[str, Any]) -> bool:
+        """Whether the loop answers a request like ``event`` (by its method, path and
+        body size) itself."""
+        inline = self.inline
+        method = event["requestContext"]["http"]["method"]
+        return inline is not None and inline(method, event["rawPath"], len(event["body"]))
 
     def _resolve_rest(self, waiter: asyncio.Future[Answer | None], event: dict[str, Any]) -> None:
         """On the event loop: resolve the rest of a request a thread began (unless a stop
@@ -465,36 +479,48 @@ class PlaneASGI:
         elif not self._take_thread():
             answer = _busy_response("request threads", self.threads, headers)
         else:
-            event = self._event(scope, headers, body)
-            loop = self._loop = asyncio.get_running_loop()
-            waiter: asyncio.Future[Answer | None] = loop.create_future()
             carry = self.carry if scope["method"] == "POST" else None
-            try:
-                self._pool.submit(self._run, event, waiter, loop, carry)
-            except RuntimeError:  # the pool is shut down: the server is stopping
-                self._give_thread()
-                answer = _stopping_response(headers)
-            else:
-                self._waiting[waiter] = headers
-                try:
-                    answer = cast(Answer, await waiter)
-                finally:
-                    del self._waiting[waiter]
+            answer = await self._threaded(self._event(scope, headers, body), headers, carry)
         await _send(send, *answer, head=scope["method"] == "HEAD")
+
+    async def _threaded(
+        self,
+        event: dict[str, Any],
+        headers: Mapping[str, str],
+        carry: Callable[[dict[str, Any]], dict[str, Any] | None] | None,
+    ) -> Answer:
+        """The answer of a request resolved in a pool thread (:meth:`_run`), the thread
+        taken already (given back here if the pool is shut down)."""
+        loop = self._loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Answer | None] = loop.create_future()
+        try:
+            self._pool.submit(self._run, event, waiter, loop, carry)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._give_thread()
+            return _stopping_response(headers)
+        self._waiting[waiter] = headers
+        try:
+            return cast(Answer, await waiter)
+        finally:
+            del self._waiting[waiter]
 
     # --- the short lane (see _protocol) ---------------------------------------------------
     def takes(self, method: str, path: str, size: int) -> int:
         """Whether a request whose head declares a body of ``size`` bytes is one this app
         answers on the loop, so the server's protocol may hand it over whole, without an
         ASGI cycle: :data:`AT_ONCE` (a short request: :meth:`answer_now`), :data:`HELD`
-        (a waiting one, parked: :meth:`answer_held`), else 0 (through ``__call__``)."""
+        (a waiting one, parked: :meth:`answer_held`), :data:`CARRIED` (a submit too
+        large for the loop, answered by a request thread: :meth:`answer_carried`), else
+        0 (through ``__call__``)."""
         if not self.lane or self.inline is None or size > self.max_body:
             return 0
         if path.startswith(_BLOBS):
             return 0
         if self.parks is not None and self.parks(method, path, size):
             return HELD
-        return AT_ONCE if self.inline(method, path, size) else 0
+        if self.inline(method, path, size):
+            return AT_ONCE
+        return CARRIED if self.carry is not None and (method, path) == _SUBMIT else 0
 
     def answer_now(self, request: ShortRequest) -> Answer:
         """The answer to a request :meth:`takes` took at once, as :meth:`__call__` makes it."""
@@ -520,6 +546,18 @@ class PlaneASGI:
         if answer is _GONE:
             self.dropped += 1
         return answer
+
+    async def answer_carried(self, request: ShortRequest) -> Answer:
+        """The answer to a submit too large for the loop that :meth:`takes` took whole:
+        resolved in a request thread as :meth:`__call__` resolves it, its blobs stored
+        there and the rest resolved on the loop (:meth:`_run`)."""
+        headers = _headers(request.headers)
+        if self._stopping:
+            return _stopping_response(headers)
+        if not self._take_thread():
+            return _busy_response("request threads", self.threads, headers)
+        self.answered_now += 1
+        return await self._threaded(request.event(headers), headers, self.carry)
 
     # --- streamed blob transfers (event loop; the disk work in the pool) ------------------
     async def _upload(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Answer:
@@ -974,9 +1012,13 @@ class PlaneASGI:
 _GONE: Answer = (499, [], b"")
 #: blob uploads (``PUT`` of one of these paths) are streamed: see PlaneASGI._upload
 _BLOBS = "/v1/blobs/"
-#: the lanes of PlaneASGI.takes: a short request answered at once, a waiting one parked
+#: the lanes of PlaneASGI.takes: a short request answered at once, a waiting one parked,
+#: a submit too large for the loop answered by a request thread (its blobs stored there)
 AT_ONCE = 1
 HELD = 2
+CARRIED = 3
+#: the route of a submit
+_SUBMIT = ("POST", "/v1/invocations")
 
 
 def _headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -1126,8 +1168,10 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
     a result wait) is parked as ``__call__`` parks it, in a task of its own, standing as
     the connection's cycle meanwhile (uvicorn queues requests behind it; a stop and a
     hang-up reach it as they reach a cycle: a hang-up is heard while nothing is queued
-    behind it, as for uvicorn's own cycles, whose reading pauses then). Every other
-    request (blob transfers, requests on threads, a request behind one still being
+    behind it, as for uvicorn's own cycles, whose reading pauses then); so is a submit
+    too large for the loop (it carries blobs), its body taken whole (up to the body
+    limit) and answered by a request thread. Every other request (blob transfers, other
+    requests on threads, a request behind one still being
     answered, ``Expect: 100-continue``, a chunked body, a proxy's forwarding headers)
     goes through uvicorn and the ASGI app as before, and so does a pipelined burst past
     its first request in one read, and a connection whose client is slow to read. Not
@@ -1274,7 +1318,10 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
                 return
             held = _Held(keep, self.loop.create_future())
             self.cycle = held  # type: ignore[assignment]
-            hold = app.answer_held(request, held.hung_up)
+            if kind == HELD:
+                hold = app.answer_held(request, held.hung_up)
+            else:
+                hold = app.answer_carried(request)
             task = self.loop.create_task(self._hold(method, held, hold))
             task.add_done_callback(self.tasks.discard)
             self.tasks.add(task)

@@ -247,9 +247,11 @@ def test_whole_blobs_are_checked_before_any_is_kept_on_either_store(
     written_on: list[str] = []
     real = blobs_module._write_part
 
-    def write_part(store: Any, digest: str, data: bytes) -> Any:
-        written_on.append(threading.current_thread().name)
-        return real(store, digest, data)
+    def write_part(store: Any, home: str, digest: str, data: bytes) -> Any:
+        writer = real(store, home, digest, data)
+        if writer is not None:
+            written_on.append(threading.current_thread().name)
+        return writer
 
     monkeypatch.setattr(blobs_module, "_write_part", write_part)
     big, other = os.urandom(MIB), os.urandom(HASH_BESIDE)
@@ -272,7 +274,12 @@ def test_whole_blobs_are_checked_before_any_is_kept_on_either_store(
             # (only a plane file's large blobs are written beside their hash)
             assert len(beside) == len(written_on) == (2 if store.shared else 0)
             # a blob the plane holds already is checked and not written again
+            written_on.clear()
             plane.put_blobs({d_big: big})
+            assert written_on == []
+            with pytest.raises(InvalidRequest, match="does not match"):
+                plane.put_blobs({d_big: other})
+            assert plane.get_blob(d_big) == big
         finally:
             plane.close()
     names = sorted(p.name for p in (tmp_path / "plane.db.blobs").iterdir() if p.name != ".id")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import http.client
 import json
+import os
 import queue
 import re
 import signal
@@ -858,6 +860,13 @@ def test_short_requests_answered_at_once_are_the_answers_of_the_asgi_app(tmp_pat
         ).encode()
         claim = json.dumps({"queues": ["idle"], "worker": "w", "wait": 0.05}).encode()
         wait = json.dumps({"ids": ["lane-1"], "timeout": 0.05}).encode()
+        blob = os.urandom(INLINE_BODY)  # (a submit over the loop's size: a request thread)
+        large = json.dumps(
+            {
+                "invocations": [{"id": "lane-2", "queue": "lane", "ref": "math:sqrt", "args": [9]}],
+                "blobs": {hashlib.sha256(blob).hexdigest(): base64.b64encode(blob).decode()},
+            }
+        ).encode()
 
         def req(method: str, path: str, body: bytes = b"", token: str | None = producer) -> bytes:
             auth = b"Authorization: Bearer %s\r\n" % token.encode() if token else b""
@@ -872,6 +881,7 @@ def test_short_requests_answered_at_once_are_the_answers_of_the_asgi_app(tmp_pat
             req("HEAD", "/v1/hello"),  # 405 (with its length, no body)
             req("GET", "/v1/hello", token=None),  # 401
             req("POST", "/v1/invocations", submit),  # 200: the same id again is a replay
+            req("POST", "/v1/invocations", large),  # 200, as a replay too
             req("POST", "/v1/invocations", b'{"invocations": [}'),  # 400
             req("GET", "/v1/queues/lane?x=1"),
             req("GET", "/v1/nowhere"),  # 404
@@ -889,7 +899,7 @@ def test_short_requests_answered_at_once_are_the_answers_of_the_asgi_app(tmp_pat
         assert server.asgi.answered_now == before + len(requests)
     assert at_once == through_asgi
     statuses = [int(a.split(b" ")[1]) for a in at_once]
-    assert statuses == [200, 405, 401, 200, 400, 200, 404, 200, 403, 200]
+    assert statuses == [200, 405, 401, 200, 200, 400, 200, 404, 200, 403, 200]
 
 
 def test_the_short_lane_keeps_the_order_of_answers_and_the_connection_rules(

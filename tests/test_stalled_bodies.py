@@ -23,7 +23,7 @@ import pytest
 from support import wait_for
 
 import dreamlake.lakeshore.server as server_module
-from dreamlake.lakeshore.server import AT_ONCE, INLINE_BODY, LocalServer
+from dreamlake.lakeshore.server import AT_ONCE, CARRIED, INLINE_BODY, LocalServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,7 +36,8 @@ PATIENCE = 10.0
 @pytest.fixture
 def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalServer]:
     """``lakeshore serve`` whose requests may go quiet for :data:`BOUND` seconds; the
-    lane each request took is recorded in ``server.lanes`` (``AT_ONCE``, 0: ASGI), and
+    lane each request took is recorded in ``server.lanes`` (``AT_ONCE``, ``CARRIED``, 0:
+    ASGI), and
     every body the ASGI app read to its end in ``server.read``."""
     monkeypatch.setattr(server_module, "REQUEST_IDLE", BOUND)
     server = LocalServer(tmp_path / "plane.db")
@@ -190,12 +191,16 @@ def _exists(server: LocalServer, ident: str) -> bool:
     return status == 200
 
 
-#: a request the short lane answers (a small submit), and ones it leaves to uvicorn and
-#: the ASGI app: a body over the lane's size (INLINE_BODY), a proxy's forwarding header
+_FORWARDED = b"X-Forwarded-For: 10.0.0.1\r\n"
+#: a request the short lane answers (a small submit, or one over the loop's size,
+#: INLINE_BODY, that a request thread answers), and ones it leaves to uvicorn and the
+#: ASGI app (a proxy's forwarding header, on a small and on a large submit): each one's
+#: extra header, and whether it is large
 PATHS = {
-    "lane": b"",
-    "asgi-large": None,
-    "asgi-forwarded": b"X-Forwarded-For: 10.0.0.1\r\n",
+    "lane": (b"", False),
+    "lane-large": (b"", True),
+    "asgi-large": (_FORWARDED, True),
+    "asgi-forwarded": (_FORWARDED, False),
 }
 
 
@@ -203,21 +208,20 @@ def _stalled_submit(server: LocalServer, path: str, ident: str, media: str) -> b
     """A submit whose head declares more body than it sends: what it sends is the
     whole (valid) submit for ``ident``, padded on for the large one."""
     body = _submit_body(ident, media)
-    extra = PATHS[path]
-    if extra is None:  # (over the lane's size)
-        return _head(server, "POST", "/v1/invocations", INLINE_BODY + 1000, media=media) + body
-    return _head(server, "POST", "/v1/invocations", len(body) + 85, media=media, extra=extra) + body
+    extra, large = PATHS[path]
+    size = INLINE_BODY + 1000 if large else len(body) + 85
+    return _head(server, "POST", "/v1/invocations", size, media=media, extra=extra) + body
 
 
 def _took(server: LocalServer, path: str) -> None:
     """The request went the way ``path`` names (and, through ASGI, its body was not read
     to an end: a body cut short is never resolved)."""
     lanes, read = server.lanes, server.read  # type: ignore[attr-defined]
-    if path == "lane":
-        assert lanes == [AT_ONCE] and read == []
+    if path.startswith("lane"):
+        assert lanes == [CARRIED if path == "lane-large" else AT_ONCE] and read == []
     else:  # (the app hears a hang-up: _GONE)
         wait_for(lambda: len(read) == 1, timeout=PATIENCE)
-        assert AT_ONCE not in lanes and isinstance(read[0], tuple)
+        assert not any(lanes) and isinstance(read[0], tuple)
 
 
 # --- the tests ---------------------------------------------------------------------------
@@ -276,8 +280,7 @@ def test_a_stalled_request_behind_a_waiting_one_is_answered_after_it(
 @pytest.mark.parametrize("path", ["lane", "asgi-forwarded"])
 def test_an_idle_keep_alive_connection_is_not_sent_a_408(served: LocalServer, path: str) -> None:
     # Given a whole request answered on a connection kept open
-    extra = PATHS[path]
-    assert extra is not None
+    extra, _ = PATHS[path]
     with _Conn(served) as conn:
         conn.send(_head(served, "GET", "/v1/hello", 0, extra=extra))
         status, head, _ = conn.answer()
@@ -315,8 +318,7 @@ def test_a_request_that_arrives_slowly_but_steadily_is_answered(
 ) -> None:
     # Given a submit sent a few bytes at a time, a fifth of the bound apart, for several
     # times the bound in all
-    extra = PATHS[path]
-    assert extra is not None
+    extra, _ = PATHS[path]
     body = _submit_body(f"steady-{path}")
     request = _head(served, "POST", "/v1/invocations", len(body), extra=extra) + body
     pieces = 30

@@ -422,3 +422,78 @@ def test_a_carry_without_blobs_does_nothing_and_one_with_them_leaves_the_rest(
     assert rest == {"invocations": [item]}
     assert api.plane.get_blob(digest) == data
     assert api.plane.list_queues() == []  # (the records are the rest's submit's to make)
+
+
+def _post_msgpack(served: LocalServer, token: str, value: dict[str, Any]) -> tuple[int, Any]:
+    host, port = served.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        body = msgpack.packb(value, use_bin_type=True)
+        headers = {"Content-Type": MP, "Authorization": f"Bearer {token}"}
+        conn.request("POST", "/v1/invocations", body=body, headers=headers)
+        answer = conn.getresponse()
+        return answer.status, msgpack.unpackb(answer.read())
+    finally:
+        conn.close()
+
+
+def _threads_of(obj: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads ``obj.name(...)`` runs on from now on."""
+    seen: list[str] = []
+    real = getattr(obj, name)
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, spied)
+    return seen
+
+
+def test_serve_makes_a_large_rest_of_a_carrying_submit_in_its_thread(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a batch whose records alone are over the loop's size, carrying a blob
+    assert served.admin_token is not None and served.plane is not None
+    plane = served.plane
+    submits = _threads_of(plane, "submit", monkeypatch)
+    stored = _threads_of(plane, "put_blobs", monkeypatch)
+    data = os.urandom(300 * 1024)
+    digest = hashlib.sha256(data).hexdigest()
+    items = [
+        {"id": f"big-rest-{i}", "queue": "b", "ref": "math:sqrt", "args": ["x" * 200]}
+        for i in range(400)
+    ]
+    # When it is submitted
+    status, got = _post_msgpack(
+        served, served.admin_token, {"invocations": items, "blobs": {digest: data}}
+    )
+    # Then its blob was stored and its records made in the request thread: the event
+    # loop never holds a submit it would not take on its own
+    assert status == 200 and len(got["ids"]) == 400
+    assert len(stored) == len(submits) == 1
+    assert stored[0].startswith("lakeshore-api") and submits[0] == stored[0]
+    assert plane.get_blob(digest) == data and plane.counts("b")["pending"] == 400
+
+
+def test_serve_answers_a_carrying_submit_whole_when_storing_its_blobs_fails_unexpectedly(
+    served: LocalServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Given a bug in the first half of a large submit
+    assert served.admin_token is not None and served.plane is not None
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(Service, "carry", broken)
+    data = os.urandom(300 * 1024)
+    digest = hashlib.sha256(data).hexdigest()
+    item = {"id": "whole-1", "queue": "b", "ref": "math:sqrt", "args": [4]}
+    # When it is submitted
+    status, got = _post_msgpack(
+        served, served.admin_token, {"invocations": [item], "blobs": {digest: data}}
+    )
+    # Then it is answered as the whole path answers it, and the bug is logged
+    assert (status, got) == (200, {"ids": ["whole-1"]})
+    assert served.plane.get_blob(digest) == data
+    assert "unhandled error storing a submit's blobs" in caplog.text

@@ -53,10 +53,11 @@ def _mismatch(digest: str) -> InvalidRequest:
     return InvalidRequest(f"blob {digest[:12]}… does not match its bytes")
 
 
-def _write_part(store: Any, digest: str, data: bytes) -> BlobWriter | None:
+def _write_part(store: Any, home: str, digest: str, data: bytes) -> BlobWriter | None:
     """On a writing thread: the blob written to its private part file, not yet named;
-    None when the store holds the blob already (nothing written)."""
-    if store.has_blobs([digest]):
+    None when its file is in the store's blob directory ``home`` already (nothing
+    written). It never takes the store's lock: whoever waits for it may hold that."""
+    if os.path.exists(os.path.join(home, digest)):
         return None
     writer = blob_writer(store, digest)
     if writer is None:
@@ -76,17 +77,17 @@ def put_checked(store: Any, blobs: Mapping[str, bytes], now: float) -> None:
     A blob of :data:`HASH_BESIDE` bytes or more bound for a store that keeps blobs as
     files is written to its private part file by another thread while this one hashes
     it; the part is renamed into place only once every blob has matched, and dropped
-    otherwise, so a reader never sees unchecked bytes under a blob's name. (Not to be
-    called inside a store transaction: the writing thread asks the store whether it
-    holds the blob.)
+    otherwise, so a reader never sees unchecked bytes under a blob's name. A blob whose
+    file is there already is checked and not written again.
     """
-    files = blob_home(store) is not None
+    home = blob_home(store)
     parts: list[tuple[str, bytes, Future[BlobWriter | None]]] = []
     whole: dict[str, bytes] = {}
     try:
         for digest, data in blobs.items():
-            if files and len(data) >= HASH_BESIDE:
-                parts.append((digest, data, _writers().submit(_write_part, store, digest, data)))
+            if home is not None and len(data) >= HASH_BESIDE:
+                writing = _writers().submit(_write_part, store, home[0], digest, data)
+                parts.append((digest, data, writing))
             elif _sha256(data) != digest:
                 raise _mismatch(digest)
             else:
@@ -106,7 +107,7 @@ def put_checked(store: Any, blobs: Mapping[str, bytes], now: float) -> None:
         raise
     for digest, data, writer in written:
         if writer is None:
-            whole[digest] = data  # (held already: put_blob keeps it once)
+            whole[digest] = data  # (its file is there: put_blob keeps it once)
         else:
             writer.commit()
     for digest, data in whole.items():
