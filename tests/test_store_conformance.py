@@ -1784,6 +1784,35 @@ def test_a_plane_file_from_before_the_finish_sequence_gains_it(tmp_path: Path) -
     s.close()
 
 
+def test_a_queues_running_records_are_counted_by_an_index_every_write_keeps_anyway(
+    tmp_path: Path,
+) -> None:
+    # Given a plane file as an older version left it, with an index of running records
+    old = SqliteStore(tmp_path / "plane.db")
+    old.insert(record("a", state=State.RUNNING))
+    old._db.execute("CREATE INDEX inv_running ON invocations (queue) WHERE state = 'running'")
+    old.close()
+    # When it is opened again, that index is gone (each claim and finish wrote it)
+    s = SqliteStore(tmp_path / "plane.db")
+    names = {n for (n,) in s._db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "inv_running" not in names and "inv_queue_state" in names
+    # and counting a queue's running records, alone or under a cap, reads an index
+    count = "SELECT count(*) FROM invocations WHERE queue = ? AND state = 'running'"
+    for sql in (count, sql_of_a_capped_update()):
+        plan = " ".join(
+            r[-1] for r in s._db.execute(f"EXPLAIN QUERY PLAN {sql}", ["q"] * sql.count("?"))
+        )
+        assert "inv_queue_state" in plan and "SCAN" not in plan, plan
+    assert s.running(record("a").queue) == 1
+    s.close()
+
+
+def sql_of_a_capped_update() -> str:
+    from dreamlake.lakeshore.stores.sqlite import _update_sql
+
+    return _update_sql(("state",), False, (("state", False),), True, False)
+
+
 # --- blobs of a plane file live beside it ------------------------------------------------
 
 

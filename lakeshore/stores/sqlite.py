@@ -81,7 +81,6 @@ CREATE INDEX IF NOT EXISTS inv_pending ON invocations (queue, order_key)
     WHERE state = 'pending';
 CREATE INDEX IF NOT EXISTS inv_leases ON invocations (lease_expires_at)
     WHERE state = 'running';
-CREATE INDEX IF NOT EXISTS inv_running ON invocations (queue) WHERE state = 'running';
 CREATE INDEX IF NOT EXISTS inv_queue_state ON invocations (queue, state);
 CREATE INDEX IF NOT EXISTS inv_expires ON invocations (expires_at)
     WHERE expires_at IS NOT NULL;
@@ -386,6 +385,11 @@ class SqliteStore:
                 if stmt.strip():
                     self._db.execute(stmt)
             self._add_finish_seq()
+            # A queue's running records are counted by inv_queue_state (queue, state),
+            # which SQLite picks for it anyway: an index of them alone (older plane files
+            # have one) only cost every claim, hand-over and finish a write (~11 µs of a
+            # finish's ~76)
+            self._db.execute("DROP INDEX IF EXISTS inv_running")
 
     def _add_finish_seq(self) -> None:
         """The finish sequence (a column older plane files lack): every write that
