@@ -1613,6 +1613,22 @@ def _finish(store: Store, inv_id: str) -> None:
     assert store.update_if(inv_id, {"state": State.RUNNING}, done) is not None
 
 
+@pytest.mark.parametrize("extra", [0, 20], ids=["a few ids", "many ids"])
+def test_finished_among_answers_alike_for_a_few_ids_and_for_many(
+    tmp_path: Path, extra: int
+) -> None:
+    # (SQLite reads a few ids' records whole, in one statement; many, the finished first)
+    s = SqliteStore(tmp_path / "plane.db")
+    running = [f"r{n}" for n in range(extra)]
+    s.insert_many([record(i, state=State.RUNNING) for i in ["a", "b", *running]])
+    s.insert(record("p"))
+    _finish(s, "a")
+    known, done = s.finished_among(["a", "b", "p", "missing", *running])
+    assert known == {"a": T0 + 100, "b": None, "p": None, **dict.fromkeys(running)}
+    assert [(r.id, r.state) for r in done] == [("a", State.SUCCEEDED)]
+    s.close()
+
+
 def test_finished_since_a_cursor_is_exactly_what_finished_after_it(tmp_path: Path) -> None:
     # (SQLite's finish sequence; the DynamoDB store has none: its waits read their ids)
     s, other = SqliteStore(tmp_path / "plane.db"), SqliteStore(tmp_path / "plane.db")
