@@ -122,12 +122,18 @@ _STREAMED = 64 * 1024
 
 
 class _Parts:
-    """A pickler's file that keeps each piece it is given, in order."""
+    """A pickler's file that keeps each piece it is given, in order: ``bytes`` as they
+    are, anything else (a ``bytearray``, a buffer's view) copied as it comes, so a value
+    changed later in the dump (by another object's ``__reduce__``, another thread)
+    cannot leave its length, written already, out of step with its bytes."""
 
-    __slots__ = ("write",)
+    __slots__ = ("_parts",)
 
     def __init__(self, parts: list[Any]) -> None:
-        self.write = parts.append
+        self._parts = parts
+
+    def write(self, data: Any) -> None:
+        self._parts.append(data if type(data) is bytes else bytes(data))
 
 
 def _pickle_once(value: Any, pickler: type[pickle.Pickler]) -> bytes:

@@ -68,3 +68,19 @@ def test_a_large_argument_reaches_the_pickle_as_itself(
     monkeypatch.setattr(wire, "_Parts", Parts)
     wire._pickle_args(_double, args, {})
     assert [any(p is BIG for p in parts) for parts in pieces] == [True]
+
+
+def test_a_buffer_changed_later_in_the_dump_still_pickles_whole() -> None:
+    # Given a bytearray argument that a later argument's pickling cuts short
+    buf = bytearray(b"x" * 100_000)
+
+    class Cuts:
+        def __reduce__(self) -> tuple[Any, ...]:
+            del buf[50_000:]
+            return (str, ("cut",))
+
+    # When the call's arguments are pickled
+    made = wire._pickle_args(_double, (buf, Cuts()), {})
+    # Then the pickle loads, with the buffer as it was when it was written
+    (first, second), _ = pickle.loads(made)
+    assert first == bytearray(b"x" * 100_000) and second == "cut"

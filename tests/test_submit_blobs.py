@@ -38,7 +38,7 @@ from dreamlake.lakeshore.http import HttpTransport
 from dreamlake.lakeshore.http import Limits as ClientLimits
 from dreamlake.lakeshore.http.connections import Target, new_connection, request_once
 from dreamlake.lakeshore.http.limits import carried, carrying_body
-from dreamlake.lakeshore.plane import Plane
+from dreamlake.lakeshore.plane import Plane, QueueSpec
 from dreamlake.lakeshore.server import LocalServer
 from dreamlake.lakeshore.stores import SqliteStore
 
@@ -497,3 +497,24 @@ def test_serve_answers_a_carrying_submit_whole_when_storing_its_blobs_fails_unex
     assert (status, got) == (200, {"ids": ["whole-1"]})
     assert served.plane.get_blob(digest) == data
     assert "unhandled error storing a submit's blobs" in caplog.text
+
+
+def test_a_submit_reads_its_queue_again_after_storing_its_blobs(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a queue deleted while a submit's carried blobs are stored
+    call = _call(b"z" * 20_000)
+    api.plane.ensure_queue(QueueSpec("jobs"))
+    real = api.plane.put_blobs
+
+    def put_then_delete(blobs: Any) -> None:
+        real(blobs)
+        api.plane.delete_queue("jobs")
+
+    monkeypatch.setattr(api.plane, "put_blobs", put_then_delete)
+    # When the submit goes on
+    item = {"id": "after-blobs", "queue": "jobs", "payload": call.payload}
+    status, body = api.submit({"invocations": [item], "blobs": call.blobs})
+    # Then it made the queue again, as a first submit does, and its call is there
+    assert (status, body) == (200, {"ids": ["after-blobs"]})
+    assert api.plane.get("after-blobs").queue == "jobs"

@@ -307,6 +307,7 @@ class Service(WorkerRoutes):
         subs, blobs = self._submit_parts(ident, body, specs)
         if blobs:
             self.plane.put_blobs(blobs)
+            specs.clear()  # (storing them may take a while: read the queues again)
         created = []
         for name in sorted({s.queue for s in subs}):
             if self._spec(name, specs) is None:
