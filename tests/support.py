@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,6 +47,20 @@ def counting_calls(obj: object, name: str, monkeypatch: Any) -> list[float]:
 
     monkeypatch.setattr(obj, name, counted)
     return called
+
+
+def threads_of(obj: object, name: str, monkeypatch: Any) -> list[str]:
+    """The names of the threads ``obj.name(...)`` runs on from now on (the test's
+    monkeypatch puts it back)."""
+    seen: list[str] = []
+    real = getattr(obj, name)
+
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(obj, name, spied)
+    return seen
 
 
 def asleep_on_watch(monkeypatch: Any) -> Callable[[], bool]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from support import counting_calls, parked_claims_settled, role_token, wait_for
+from support import counting_calls, parked_claims_settled, role_token, threads_of, wait_for
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.clock import FakeClock
@@ -78,6 +78,20 @@ def _claimed_total(served: LocalServer, queue: str) -> float:
     return float(lines[0].split()[-1]) if lines else 0.0
 
 
+def _parked_on_h(
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[..., list[list[Claim]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[list[Claim]], list[float]]:
+    """Worker gpu-1's claim parked on the empty queue h: what it gets, and the plane's
+    looks (claims) from then on."""
+    plane, asgi = parts
+    plane.ensure_queue(QueueSpec("h"))
+    got = claiming(["h"], "gpu-1")
+    _parked(plane, asgi, 1)
+    return got, counting_calls(plane, "claim", monkeypatch)
+
+
 def test_a_call_submitted_while_a_claim_is_parked_is_handed_to_it_without_a_look(
     served: LocalServer,
     parts: tuple[Plane, PlaneASGI],
@@ -85,11 +99,8 @@ def test_a_call_submitted_while_a_claim_is_parked_is_handed_to_it_without_a_look
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a worker's claim parked on an empty queue
-    plane, asgi = parts
-    plane.ensure_queue(QueueSpec("h"))
-    got = claiming(["h"], "gpu-1")
-    _parked(plane, asgi, 1)
-    looks = counting_calls(plane, "claim", monkeypatch)
+    plane = parts[0]
+    got, looks = _parked_on_h(parts, claiming, monkeypatch)
     # When a call is submitted over HTTP
     inv = _submit(served, "h")
     # Then the claim gets it without looking at the store again
@@ -116,20 +127,9 @@ def test_a_submit_carrying_a_large_argument_hands_its_call_over_too(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Given a worker's claim parked on an empty queue
-    plane, asgi = parts
-    plane.ensure_queue(QueueSpec("h"))
-    got = claiming(["h"], "gpu-1")
-    _parked(plane, asgi, 1)
-    looks = counting_calls(plane, "claim", monkeypatch)
-    ran_on: dict[str, list[str]] = {"put_blobs": [], "submit": []}
-    for name, seen in ran_on.items():
-        real = getattr(plane, name)
-
-        def on_thread(*args: Any, _real: Any = real, _seen: list[str] = seen) -> Any:
-            _seen.append(threading.current_thread().name)
-            return _real(*args)
-
-        monkeypatch.setattr(plane, name, on_thread)
+    plane = parts[0]
+    got, looks = _parked_on_h(parts, claiming, monkeypatch)
+    ran_on = {name: threads_of(plane, name, monkeypatch) for name in ("put_blobs", "submit")}
     # When a call whose argument is carried in its submit, too large for the event loop
     # (a 300 KiB blob in a body over 64 KiB), is submitted over HTTP
     arg = b"x" * (300 * 1024)

@@ -26,7 +26,7 @@ import msgpack
 import pytest
 import yaml
 from openapi_schema_validator import OAS31Validator
-from support import role_token
+from support import role_token, threads_of
 
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore import wire
@@ -437,27 +437,14 @@ def _post_msgpack(served: LocalServer, token: str, value: dict[str, Any]) -> tup
         conn.close()
 
 
-def _threads_of(obj: Any, name: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the threads ``obj.name(...)`` runs on from now on."""
-    seen: list[str] = []
-    real = getattr(obj, name)
-
-    def spied(*args: Any, **kwargs: Any) -> Any:
-        seen.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(obj, name, spied)
-    return seen
-
-
 def test_serve_makes_a_large_rest_of_a_carrying_submit_in_its_thread(
     served: LocalServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a batch whose records alone are over the loop's size, carrying a blob
     assert served.admin_token is not None and served.plane is not None
     plane = served.plane
-    submits = _threads_of(plane, "submit", monkeypatch)
-    stored = _threads_of(plane, "put_blobs", monkeypatch)
+    submits = threads_of(plane, "submit", monkeypatch)
+    stored = threads_of(plane, "put_blobs", monkeypatch)
     data = os.urandom(300 * 1024)
     digest = hashlib.sha256(data).hexdigest()
     items = [
