@@ -24,7 +24,7 @@ from aws_lambda_powertools.event_handler.middlewares import NextMiddleware
 
 from .. import logs
 from ..api import Identity, Service, authenticate
-from ..api.codec import JSON, MSGPACK, decode_body, encode_body, pick_type, reason
+from ..api.codec import JSON, MSGPACK, decode_body, encode_body, is_msgpack, pick_type, reason
 from ..dashboard import asset as dashboard_file
 from ..errors import (
     InvalidRequest,
@@ -57,8 +57,6 @@ _FAST = "_lakeshore_resolve_fast"
 _UPLOAD = "_lakeshore_upload"
 _DOWNLOAD = "_lakeshore_download"
 _CARRY = "_lakeshore_carry"
-#: the media types of a msgpack body
-_MSGPACKS = frozenset({MSGPACK, "application/x-msgpack"})
 
 
 def fast_path(app: Any) -> Callable[[dict[str, Any]], dict[str, Any] | None] | None:
@@ -272,8 +270,7 @@ def make_app(service: Service, *, logger: logging.Logger | None = None) -> APIGa
         http = event["requestContext"]["http"]
         if (http["method"], event["rawPath"]) != ("POST", "/v1/invocations"):
             return None
-        kind = apigw.header(event, "content-type")
-        if kind is None or kind.split(";")[0].strip().lower() not in _MSGPACKS:
+        if not is_msgpack(apigw.header(event, "content-type")):
             return None
         app.current_event = app._to_proxy_event(event)  # type: ignore[assignment]
         try:

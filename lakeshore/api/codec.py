@@ -32,6 +32,7 @@ __all__ = [
     "error_view",
     "reason",
     "fields",
+    "is_msgpack",
     "pick_type",
 ]
 
@@ -48,15 +49,24 @@ def _media(value: str | None) -> str:
     return (value or "").split(";")[0].strip().lower()
 
 
+#: the media types of a msgpack body
+_MSGPACKS = frozenset({MSGPACK, "application/x-msgpack"})
+
+
+def is_msgpack(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` (or ``Accept`` entry) names msgpack."""
+    return _media(content_type) in _MSGPACKS
+
+
 @functools.lru_cache(maxsize=256)
 def pick_type(content_type: str | None, accept: str | None) -> str:
     """The content type of the answer."""
-    for candidate in (_media(a) for a in (accept or "").split(",")):
-        if candidate in (MSGPACK, "application/x-msgpack"):
+    for candidate in (accept or "").split(","):
+        if is_msgpack(candidate):
             return MSGPACK
-        if candidate == JSON:
+        if _media(candidate) == JSON:
             return JSON
-    return MSGPACK if _media(content_type) in (MSGPACK, "application/x-msgpack") else JSON
+    return MSGPACK if is_msgpack(content_type) else JSON
 
 
 _INT_LIMIT = 2**63
@@ -106,7 +116,7 @@ def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[st
         return {}
     media = _media(content_type)
     try:
-        if media in (MSGPACK, "application/x-msgpack"):
+        if media in _MSGPACKS:
             value = msgpack.unpackb(body, raw=False, strict_map_key=True)
         elif media in (JSON, ""):
             value = json.loads(body)
@@ -118,7 +128,7 @@ def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[st
     except UnicodeDecodeError as exc:  # (JSON: UTF-8, or UTF-16/32 told by its first bytes)
         where = f"byte 0x{exc.object[exc.start : exc.start + 1].hex()} at offset {exc.start}"
         encoding = exc.encoding.upper()
-        if media in (MSGPACK, "application/x-msgpack"):  # (in one of its strings)
+        if media in _MSGPACKS:  # (in one of its strings)
             raise InvalidRequest(f"malformed body: a string is not UTF-8 ({where} in it)") from None
         if encoding == "UTF-8":
             raise InvalidRequest(
@@ -138,7 +148,7 @@ def decode_body(body: bytes, content_type: str | None, max_body: int) -> dict[st
         raise InvalidRequest("body nests too deeply") from None
     if not isinstance(value, dict):
         raise InvalidRequest("body must be a map")
-    _check(value, texts=media not in (MSGPACK, "application/x-msgpack"))
+    _check(value, texts=media not in _MSGPACKS)
     return value
 
 
