@@ -303,14 +303,12 @@ class Service(WorkerRoutes):
         """Submit invocations; ``blobs`` (digest → bytes), when given, are stored first,
         each checked against its digest (a mismatch stores nothing and submits nothing),
         so a call's argument blob needs no upload of its own."""
-        specs: dict[str, QueueSpec | None] = {}
-        subs, blobs = self._submit_parts(ident, body, specs)
+        subs, blobs = self._submit_parts(ident, body)
         if blobs:
             self.plane.put_blobs(blobs)
-            specs.clear()  # (storing them may take a while: read the queues again)
         created = []
         for name in sorted({s.queue for s in subs}):
-            if self._spec(name, specs) is None:
+            if self.plane.store.get_queue(name) is None:
                 self.plane.ensure_queue(QueueSpec(name))  # first submit creates, as in the SDK
                 created.append(name)
         try:
@@ -340,31 +338,23 @@ class Service(WorkerRoutes):
         (nothing done). Raises as :meth:`submit` would, having stored nothing."""
         if not isinstance(body, dict) or not body.get("blobs"):
             return None
-        _, blobs = self._submit_parts(ident, body, {})
+        _, blobs = self._submit_parts(ident, body)
         self.plane.put_blobs(blobs)
         return {key: value for key, value in body.items() if key != "blobs"}
 
     def _submit_parts(
-        self, ident: Identity, body: dict[str, Any], specs: dict[str, QueueSpec | None]
+        self, ident: Identity, body: dict[str, Any]
     ) -> tuple[list[Submission], dict[str, bytes]]:
         """A submit's records to make and the blobs it carries, each checked (the blobs
-        not yet against their digests: storing them does that); ``specs`` keeps the
-        queues it read (see :meth:`_spec`)."""
+        not yet against their digests: storing them does that)."""
         ident.require("producer")
         body = fields(body, _SUBMIT, required=("invocations",))
         items = body["invocations"]
         if not items or len(items) > self.limits.max_batch:
             raise InvalidRequest(f"invocations must hold 1 to {self.limits.max_batch} items")
         groups = IdGroups() if len(items) > 1 else None
-        subs = [self._submission(ident, item, i, groups, specs) for i, item in enumerate(items)]
+        subs = [self._submission(ident, item, i, groups) for i, item in enumerate(items)]
         return subs, self._carried_blobs(body.get("blobs"))
-
-    def _spec(self, name: str, specs: dict[str, QueueSpec | None]) -> QueueSpec | None:
-        """The queue's spec, read once for one request (``specs``: what it read so far;
-        the plane reads it again as it writes)."""
-        if name not in specs:
-            specs[name] = self.plane.store.get_queue(name)
-        return specs[name]
 
     def _carried_blobs(self, raw: dict[str, Any] | None) -> dict[str, bytes]:
         """The ``blobs`` of a submit, each named by a sha256 (not yet checked)."""
@@ -384,12 +374,7 @@ class Service(WorkerRoutes):
         return out
 
     def _submission(
-        self,
-        ident: Identity,
-        item: Any,
-        i: int,
-        groups: IdGroups | None,
-        specs: dict[str, QueueSpec | None],
+        self, ident: Identity, item: Any, i: int, groups: IdGroups | None
     ) -> Submission:
         """One item of a submit; without an id it takes the next of its queue's group."""
         where = f"invocations[{i}]"
@@ -424,7 +409,7 @@ class Service(WorkerRoutes):
             raise InvalidRequest(f"{where}.delay must be 0 to {_MAX_DELAY:.0f} seconds")
         priority = body.get("priority")
         if priority is None:
-            stored = self._spec(body["queue"], specs)
+            stored = self.plane.store.get_queue(body["queue"])
             if stored is not None and stored.kind in ("priority", "boltzmann"):
                 priority = kwargs.get(stored.priority_field)
             if not isinstance(priority, NUM) or isinstance(priority, bool):
