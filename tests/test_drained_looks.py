@@ -19,6 +19,8 @@ from support import wait_for
 
 from dreamlake.lakeshore.clock import FakeClock
 from dreamlake.lakeshore.plane import Plane, QueueSpec, RetryPolicy, Submission
+from dreamlake.lakeshore.plane import changes as changes_module
+from dreamlake.lakeshore.plane import workers as workers_module
 from dreamlake.lakeshore.stores import SqliteStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -65,22 +67,35 @@ def drain(plane: Plane) -> None:
 
 
 def test_a_claim_after_the_last_call_was_taken_waits_without_reading_the_queue(
-    plane: Plane,
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a queue whose last call was just taken
+    # Given a queue whose last call was just taken (and claims that do not look again
+    # on their own, nor forget that look, for a minute)
+    monkeypatch.setattr(changes_module, "LOOK_AGAIN", 60.0)
+    monkeypatch.setattr(workers_module, "LOOK_AGAIN", 60.0)
     drain(plane)
     count = looks(plane)
     # When a worker claims again, waiting, and a call comes while it waits
     got: list[list[str]] = []
     worker = threading.Thread(target=lambda: got.append(take(plane, wait=10)))
     worker.start()
-    wait_for(lambda: plane._changes._waiters == 1, 5, "the claim did not wait")
+    wait_for(lambda: len(plane._changes._sleepers) == 1, 5, "the claim did not wait")
     # Then it waited without reading the queue
     assert count() == 0
     submit(plane, "second")
     worker.join(10)
-    # and the call woke it: it looked and took the call
+    # and the call was handed to it: it took the call without a look either
     assert got == [["second"]]
+    assert count() == 0
+    # When it claims again, and a batch comes while it waits (not handed over)
+    worker = threading.Thread(target=lambda: got.append(take(plane, wait=10)))
+    worker.start()
+    wait_for(lambda: len(plane._changes._sleepers) == 1, 5, "the claim did not wait")
+    assert count() == 0
+    plane.submit([Submission(f"third-{n}", QUEUE, b"x") for n in range(2)])
+    worker.join(10)
+    # Then the batch woke it: it looked and took the first call
+    assert got[1:] == [["third-0"]]
     assert count() == 1
 
 

@@ -1,7 +1,8 @@
 """A submit made while a claim is parked for work on its queue hands the new record to
 that claim: written already leased to its worker, the claim answered without looking at
 the store again (``lakeshore serve``'s parked claims; the plane's rule in
-``WorkerOps._hand_over``). What a look would not hand out — work held back by a running
+``WorkerOps._hand_over``). So does a submit in the process of a claim blocking in a
+thread (an embedded plane's workers). What a look would not hand out — work held back by a running
 cap, Boltzmann sampling, a call not due yet, a replayed id — is not handed either, and
 claims a holder cannot deliver go back to pending."""
 
@@ -20,6 +21,8 @@ from support import counting_calls, parked_claims_settled, role_token, threads_o
 import dreamlake.lakeshore as dls
 from dreamlake.lakeshore.clock import FakeClock
 from dreamlake.lakeshore.plane import Plane, QueueSpec, Submission
+from dreamlake.lakeshore.plane import changes as changes_module
+from dreamlake.lakeshore.plane import workers as workers_module
 from dreamlake.lakeshore.plane.model import Claim, State
 from dreamlake.lakeshore.server import LocalServer, PlaneASGI
 from dreamlake.lakeshore.stores import SqliteStore
@@ -548,3 +551,247 @@ def test_a_claim_whose_look_lost_a_race_is_not_handed_a_newer_call(tmp_path: Any
         assert {plane.get(i).worker for i in (a, b)} == {"t"}
     finally:
         plane.close()
+
+
+# --- claims blocking in a thread (an embedded plane: run_worker, a process worker's fetcher)
+
+
+@pytest.fixture
+def no_naps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocking claims do not look again every 0.25 s (only a wake, or their time, ends
+    their wait): a look these tests count is one a wake or a hand-over caused."""
+    monkeypatch.setattr(workers_module, "LOOK_AGAIN", 60.0)
+
+
+def _blocking(
+    plane: Plane,
+    worker: str = "w",
+    *,
+    wait: float = 10.0,
+    queues: tuple[str, ...] = ("q",),
+    capped: bool = False,
+) -> tuple[threading.Thread, list[list[Claim]]]:
+    """Worker ``worker``'s claim blocking in a thread of this process, asleep (on the
+    books for a hand-over, unless ``capped``) once this returns: its thread, and what
+    it gets."""
+    got: list[list[Claim]] = []
+    before = len(plane.changes._sleepers)
+    books = len(plane.changes._takers) + (0 if capped else 1)
+
+    def claim() -> None:
+        got.append(plane.claim(list(queues), worker, wait=wait))
+
+    thread = threading.Thread(target=claim, name=f"claim-{worker}")
+    thread.start()
+    wait_for(lambda: len(plane.changes._sleepers) > before, 5, "the claim did not wait")
+    assert len(plane.changes._takers) == books
+    return thread, got
+
+
+def test_a_call_submitted_while_a_claim_blocks_in_a_thread_is_handed_to_it_without_a_look(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, no_naps: None
+) -> None:
+    # Given a worker's claim blocking in a thread on an empty queue
+    thread, got = _blocking(plane, "gpu-1")
+    looks = counting_calls(plane, "_claim_now", monkeypatch)
+    # When a call is submitted on another thread
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    # Then the claim gets it without looking at the store again
+    thread.join(10)
+    (claim,) = got[0]
+    assert claim.id == inv and claim.attempt == 1 and looks == []
+    # ... the record written leased to that worker, its lease the worker's to complete
+    rec = plane.get(inv)
+    assert rec.state is State.RUNNING and rec.worker == "gpu-1"
+    assert rec.lease_token == claim.lease_token
+    plane.complete(inv, claim.lease_token, b"\x01")
+    assert plane.get(inv).state is State.SUCCEEDED
+
+
+def test_a_hand_over_to_a_blocking_claim_wakes_no_other(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, no_naps: None
+) -> None:
+    # Given a claim blocking on q, then two on r
+    plane.ensure_queue(QueueSpec("r"))
+    thread, got = _blocking(plane, "on-q")
+    others = [_blocking(plane, f"on-r-{n}", queues=("r",)) for n in range(2)]
+    looks = counting_calls(plane, "_claim_now", monkeypatch)
+    # When a call on q is submitted
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    # Then the claim on q is handed it, and the others sleep on, not woken to look
+    thread.join(10)
+    assert [c.id for c in got[0]] == [inv]
+    assert len(plane.changes._sleepers) == 2 and looks == []
+    # ... and each call on r goes to one of them, oldest first
+    on_r = [plane.submit([Submission(new_id(), "r", PAYLOAD)])[0] for _ in others]
+    for t, _ in others:
+        t.join(10)
+    assert [[c.id for c in got_r[0]] for _, got_r in others] == [[i] for i in on_r]
+    assert looks == []
+
+
+def test_a_blocking_claim_whose_time_runs_out_while_a_call_is_handed_to_it_takes_it(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claim blocking on an empty queue for 1 s, and a store whose next write takes
+    # longer than that
+    monkeypatch.setattr(workers_module, "LOOK_AGAIN", 5.0)
+    thread, got = _blocking(plane, "w", wait=1.0)
+    real = plane.store.insert_many
+
+    def slow(invs: Any) -> Any:
+        time.sleep(1.5)
+        return real(invs)
+
+    monkeypatch.setattr(plane.store, "insert_many", slow)
+    # When a call submitted meanwhile is handed to the claim, and is written only once
+    # the claim's time has run out
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    thread.join(10)
+    # Then the claim answered with the call (it is leased to its worker: not left to a
+    # claim that is gone, until its lease runs out)
+    assert [c.id for c in got[0]] == [inv]
+    assert plane.get(inv).worker == "w"
+    assert not plane.changes.takers
+
+
+def test_a_blocking_claim_that_gives_up_on_a_slow_hand_over_leaves_the_call_pending(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claim blocking on an empty queue for 1 s, which waits at most 0.2 s for a
+    # submit that reserved it, and a store whose next write takes 4 s
+    monkeypatch.setattr(workers_module, "LOOK_AGAIN", 5.0)
+    monkeypatch.setattr(changes_module, "_RESERVED_WAIT", 0.2)
+    thread, got = _blocking(plane, "w", wait=1.0)
+    real = plane.store.insert_many
+
+    def slow(invs: Any) -> Any:
+        time.sleep(4.0)
+        return real(invs)
+
+    monkeypatch.setattr(plane.store, "insert_many", slow)
+    # When a call submitted meanwhile is handed to the claim, and written after the claim
+    # gave up on it
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    thread.join(10)
+    # Then the claim answered nothing, and the call was handed back: pending, untried
+    # (not leased to a claim that is gone until its lease runs out)
+    assert got == [[]]
+    rec = plane.get(inv)
+    assert (rec.state, rec.attempt, rec.worker) == (State.PENDING, 0, None)
+    (claim,) = plane.claim(["q"], "other")
+    assert (claim.id, claim.attempt) == (inv, 1)
+
+
+def test_a_claim_handed_a_call_takes_no_wake_meant_for_another(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, no_naps: None
+) -> None:
+    # Given three claims blocking on q, and a lone call handed to the first whose write
+    # is slow
+    claims = [_blocking(plane, f"w{n}", wait=30.0) for n in range(3)]
+    real = plane.store.insert_many
+    writing = threading.Event()
+
+    def slow(invs: Any) -> Any:
+        if len(invs) == 1:
+            writing.set()
+            time.sleep(0.5)
+        return real(invs)
+
+    monkeypatch.setattr(plane.store, "insert_many", slow)
+    lone = threading.Thread(target=plane.submit, args=([Submission("lone", "q", PAYLOAD)],))
+    lone.start()
+    assert writing.wait(5)
+    # When a batch of two calls is submitted meanwhile (two wakes)
+    plane.submit([Submission(f"batch-{n}", "q", PAYLOAD) for n in range(2)])
+    lone.join(10)
+    # Then each claim gets a call at once: the batch's wakes went to the two claims not
+    # handed the lone one (a wake taken by that one would leave a call to a nap)
+    for thread, _ in claims:
+        thread.join(5)
+        assert not thread.is_alive()
+    ids = [[c.id for c in got[0]] for _, got in claims]
+    assert ids[0] == ["lone"] and sorted(ids[1] + ids[2]) == ["batch-0", "batch-1"]
+
+
+def test_a_wake_goes_to_the_claims_asleep_oldest_first_handed_or_not(
+    plane: Plane, no_naps: None
+) -> None:
+    # Given claims blocking on a and b (on the books for a hand-over), then one on a
+    # capped queue x (not on the books: a look counts its cap)
+    for name in ("a", "b"):
+        plane.ensure_queue(QueueSpec(name))
+    plane.ensure_queue(QueueSpec("x", elasticity={"kind": "fixed", "min": 0, "max": 1}))
+    others = [_blocking(plane, f"on-{name}", queues=(name,), wait=30.0) for name in ("a", "b")]
+    thread, got = _blocking(plane, "on-x", queues=("x",), capped=True, wait=30.0)
+    # When a call on x is submitted (not handed over: one wake)
+    inv = plane.submit([Submission(new_id(), "x", PAYLOAD)])[0]
+    # Then the wake went to the claim on a, which passed it on to the one on b, which
+    # passed it on to the one on x (each woken claim that sleeps again goes to the end
+    # of the line), and that one takes the call at once
+    thread.join(5)
+    assert not thread.is_alive() and [c.id for c in got[0]] == [inv]
+    for name, (t, _) in zip(("a", "b"), others, strict=True):
+        plane.submit([Submission(new_id(), name, PAYLOAD)])
+        t.join(10)
+
+
+def test_a_submit_that_fails_puts_the_blocking_claim_back_on_the_books(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, no_naps: None
+) -> None:
+    # Given a claim blocking on an empty queue, and a store whose next write fails
+    thread, got = _blocking(plane, "w")
+    looks = counting_calls(plane, "_claim_now", monkeypatch)
+    real = plane.store.insert_many
+
+    def broken(invs: Any) -> Any:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(plane.store, "insert_many", broken)
+    # When a submit fails
+    with pytest.raises(OSError):
+        plane.submit([Submission(new_id(), "q", PAYLOAD)])
+    monkeypatch.setattr(plane.store, "insert_many", real)
+    # Then the claim was handed nothing, sleeps on, and is on the books for the next call
+    assert got == [] and plane.changes.takers and thread.is_alive()
+    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+    thread.join(10)
+    assert [c.id for c in got[0]] == [inv] and looks == []
+
+
+def test_nothing_is_handed_to_a_blocking_claim_after_another_process_wrote_the_plane_file(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, no_naps: None
+) -> None:
+    # Given a plane file, and a claim blocking on it in a thread of this process (whose
+    # poller is not running: it would see another process's write, and wake the claim
+    # to look, before a submit here)
+    here = Plane(SqliteStore(tmp_path / "plane.db"))
+    elsewhere = Plane(SqliteStore(tmp_path / "plane.db"))
+    monkeypatch.setattr(here.changes, "_ensure_poller", lambda: None)
+    try:
+        here.ensure_queue(QueueSpec("q"))
+        thread, got = _blocking(here, "w")
+        # When another process submits a call, then this one does
+        first = elsewhere.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+        second = here.submit([Submission(new_id(), "q", PAYLOAD)])[0]
+        # Then the second is not handed over past the first: the claim takes the first
+        thread.join(10)
+        assert [c.id for c in got[0]] == [first]
+        assert here.get(second).state is State.PENDING
+    finally:
+        elsewhere.close()
+        here.close()
+
+
+def test_a_batch_is_not_handed_to_a_blocking_claim_it_looks(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, no_naps: None
+) -> None:
+    # Given a claim blocking on an empty queue
+    thread, got = _blocking(plane, "w")
+    looks = counting_calls(plane, "_claim_now", monkeypatch)
+    # When a batch of two calls is submitted
+    ids = plane.submit([Submission(new_id(), "q", PAYLOAD) for _ in range(2)])
+    # Then the claim is woken, looks, and takes the first
+    thread.join(10)
+    assert [c.id for c in got[0]] == ids[:1] and len(looks) == 1
+    assert plane.get(ids[1]).state is State.PENDING

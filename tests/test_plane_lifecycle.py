@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import wait_for
+from support import counting_calls, wait_for
 
 from dreamlake.lakeshore.clock import FakeClock
 from dreamlake.lakeshore.errors import (
@@ -1506,10 +1506,22 @@ def test_a_held_park_on_a_capped_queue_is_woken_by_a_finish(plane: Plane) -> Non
     assert changes.changed(park)
 
 
+def asleep(changes: Any) -> int:
+    """Claim waits asleep now and not woken since (each sleeps on a wake of its own:
+    ``Changes._sleepers`` is their line)."""
+    return len(changes._sleepers)
+
+
 def waiting(changes: Any, n: int) -> None:
-    """Return once ``n`` threads sleep in claim waits (nothing announces it: the
-    condition's own list of sleepers is looked at until it holds ``n``)."""
-    wait_for(lambda: len(changes._work._waiters) >= n, 5, "the claim waits did not start", 0.001)
+    """Return once ``n`` threads sleep in claim waits (nothing announces it: the sleepers
+    are looked at until there are ``n``)."""
+    wait_for(lambda: asleep(changes) >= n, 5, "the claim waits did not start", 0.001)
+
+
+def handing_nothing_over(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Submits hand no record to a waiting claim (as for a batch, or a call on a capped
+    or Boltzmann queue: see test_handoff.py): what is left is the wakes."""
+    monkeypatch.setattr(plane, "_hand_over", lambda *args: None)
 
 
 def test_a_submit_wakes_as_many_claim_waits_as_records_and_a_wake_is_passed_on(
@@ -1534,11 +1546,11 @@ def test_a_submit_wakes_as_many_claim_waits_as_records_and_a_wake_is_passed_on(
     changes.notify(1)
     assert changes.generation == since + 1
     # Then one wakes and the other sleeps on (a notify takes its sleepers off at once)
-    assert len(changes._work._waiters) == 1
+    assert asleep(changes) == 1
     assert first.wait(3) and len(woke) == 1
     # And when that one found nothing and passes the wake on, the other wakes
     changes.pass_on()
-    assert not changes._work._waiters
+    assert not asleep(changes)
     for t in threads:
         t.join(3)
     assert sorted(woke) == ["a", "b"]
@@ -1586,7 +1598,9 @@ def claiming(
 def test_a_submit_during_a_claims_look_leaves_its_wake_to_that_claim(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a claim asleep, and another in the middle of its look at an empty queue
+    # Given a claim asleep, and another in the middle of its look at an empty queue (a
+    # call is not handed to the sleeper)
+    handing_nothing_over(plane, monkeypatch)
     got: dict[str, list[Claim]] = {}
     sleeper = claiming(plane, got, "sleeper", [QUEUE])
     waiting(plane.changes, 1)
@@ -1596,12 +1610,12 @@ def test_a_submit_during_a_claims_look_leaves_its_wake_to_that_claim(
     # When a call is submitted meanwhile
     submit(plane)
     # Then the sleeping claim is not woken (it would only race the looker for it)
-    assert len(plane.changes._work._waiters) == 1
+    assert asleep(plane.changes) == 1
     # and the looker, done with its look, sees the change and takes the call
     go.set()
     looker.join(10)
     assert [c.id for c in got["looker"]] == ["job-1"]
-    assert len(plane.changes._work._waiters) == 1
+    assert asleep(plane.changes) == 1
     submit(plane, "job-2")
     sleeper.join(10)
     assert [c.id for c in got["sleeper"]] == ["job-2"]
@@ -1611,8 +1625,10 @@ def test_a_claim_that_took_other_work_passes_on_the_wake_left_to_it(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given a claim asleep on one queue (its naps long: only a wake brings it back), and
-    # a claim in the middle of its look at another queue, which holds a call
+    # a claim in the middle of its look at another queue, which holds a call (a call is
+    # not handed to the sleeper)
     monkeypatch.setattr(workers_module, "LOOK_AGAIN", 60.0)
+    handing_nothing_over(plane, monkeypatch)
     plane.ensure_queue(QueueSpec("other"))
     submit(plane, "other-1", queue="other")
     got: dict[str, list[Claim]] = {}
@@ -1638,8 +1654,9 @@ def test_a_claim_whose_next_look_takes_other_work_passes_on_the_wake_it_owed(
 ) -> None:
     # Given a call delayed on the looker's queue, a claim asleep on "jobs" (its naps
     # long: only a wake brings it back), and a claim held just after a look that found
-    # nothing
+    # nothing (a call is not handed to the sleeper)
     monkeypatch.setattr(workers_module, "LOOK_AGAIN", 60.0)
+    handing_nothing_over(plane, monkeypatch)
     plane.ensure_queue(QueueSpec("other"))
     submit(plane, "early", queue=looker_queue, delay=50)
     got: dict[str, list[Claim]] = {}
@@ -1660,25 +1677,36 @@ def test_a_claim_whose_next_look_takes_other_work_passes_on_the_wake_it_owed(
     assert not sleeper.is_alive() and [c.id for c in got["sleeper"]] == ["job-1"]
 
 
-def test_a_claim_on_another_queue_than_the_submit_still_gets_its_work(plane: Plane) -> None:
+@pytest.mark.parametrize("handed", [True, False], ids=["handed", "woken"])
+def test_a_claim_on_another_queue_than_the_submit_still_gets_its_work(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, handed: bool
+) -> None:
     # a wait on "other", asleep first, takes the one wake of a submit to "jobs": it
-    # finds nothing there and passes it on
+    # finds nothing there and passes it on (or the call is handed to the wait on "jobs")
+    # (the claims do not look again on their own: a lost wake would leave them asleep)
+    monkeypatch.setattr(workers_module, "LOOK_AGAIN", 60.0)
+    if not handed:
+        handing_nothing_over(plane, monkeypatch)
     plane.ensure_queue(QueueSpec("other"))
     got: dict[str, list[Claim]] = {}
+    looks = counting_calls(plane, "_claim_now", monkeypatch)
 
     def claim(queue: str) -> None:
-        got[queue] = plane.claim([queue], f"w-{queue}", wait=3)
+        got[queue] = plane.claim([queue], f"w-{queue}", wait=30)
 
     threads = [threading.Thread(target=claim, args=(q,)) for q in ("other", QUEUE)]
     for n, t in enumerate(threads, 1):
         t.start()
         waiting(plane.changes, n)
+    first_looks = len(looks)
     submit(plane)
     threads[1].join(5)
-    assert [c.id for c in got[QUEUE]] == ["job-1"]
+    assert not threads[1].is_alive() and [c.id for c in got[QUEUE]] == ["job-1"]
+    # (handed: nobody looked; woken: the claim on "other" looked and passed it on)
+    assert len(looks) - first_looks == (0 if handed else 2)
     submit(plane, "job-2", queue="other")
     threads[0].join(5)
-    assert [c.id for c in got["other"]] == ["job-2"]
+    assert not threads[0].is_alive() and [c.id for c in got["other"]] == ["job-2"]
 
 
 def test_a_queue_stored_with_a_retry_now_refused_still_takes_other_updates(

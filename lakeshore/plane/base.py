@@ -206,6 +206,10 @@ class PlaneBase:
         None here."""
         return None
 
+    def _hand_back(self, claims: list[Any]) -> None:
+        """Claims handed over that no claim took, pending again (see
+        :meth:`WorkerOps._hand_back <.workers.WorkerOps._hand_back>`); none here."""
+
     def _touch(self, queue: str, now: float) -> None:
         """Record activity on a queue, at most once a second per queue and plane."""
         if self._touched.get(queue, -1.0) + 1.0 <= now:

@@ -89,23 +89,33 @@ class Look:
 
 
 class Taker:
-    """A parked claim a lone submit may hand its new record to (see
-    :meth:`Changes.claimant`): the submit writes it already leased to :attr:`worker`,
-    puts the claim in :attr:`box` and calls :attr:`on_handed`, so the claim is answered
-    without looking at the store again. Only while nothing a look would see differently
-    has happened since the claim looked (:meth:`Changes.reserve`), only a submit on the
-    holder's own thread (the event loop's: between a hand-over and its delivery nothing
-    else runs there), and only while the holder holds the park (:meth:`Changes.hold` to
-    :meth:`Changes.unhold`)."""
+    """A claim waiting for work that a lone submit may hand its new record to: the
+    submit writes it already leased to :attr:`worker`, puts the claim in :attr:`box` and
+    wakes the claim (:meth:`Changes.handed`), so it is answered without looking at the
+    store again. Only while nothing a look would see differently has happened since the
+    claim looked (:meth:`Changes.reserve`).
+
+    Two kinds: a parked claim (see :meth:`Changes.claimant`), handed records only by a
+    submit on its holder's own thread (the event loop's: between a hand-over and its
+    delivery nothing else runs there) while the holder holds the park
+    (:meth:`Changes.hold` to :meth:`Changes.unhold`), and woken by :attr:`on_handed`;
+    and a claim blocking in a thread (:meth:`Changes.wait`), handed records by a submit
+    on any thread of the process, which sleeps on a wake of its own (:attr:`sleeper`)
+    until it has one or something changed, and leaves only once no submit is writing a
+    record for it (:attr:`reserved`), or gives up on one that takes too long
+    (:attr:`abandoned`: that submit hands its record back)."""
 
     __slots__ = (
+        "abandoned",
         "box",
         "due",
         "lease_seconds",
         "marker",
         "on_handed",
         "queues",
+        "reserved",
         "since",
+        "sleeper",
         "thread",
         "worker",
     )
@@ -132,8 +142,35 @@ class Taker:
         self.box: list[Any] = []
         #: called on the handing thread once a claim is in the box (the holder's wake)
         self.on_handed: Callable[[], None] | None = None
-        #: the thread the park is held on (set by :meth:`Changes.hold`)
+        #: the thread the park is held on (set by :meth:`Changes.hold`); ANY_THREAD for
+        #: a claim blocking in a thread; 0 once neither (never handed records again)
         self.thread = 0
+        #: a blocking claim's wait (None: a parked claim)
+        self.sleeper: _Sleeper | None = None
+        #: a submit took it off the books (:meth:`Changes.reserve`) and has not said
+        #: yet whether it handed it a record (:meth:`Changes.handed`)
+        self.reserved = False
+        #: a blocking claim that left without that word: what the submit hands it is
+        #: not its answer (the submit hands it back)
+        self.abandoned = False
+
+
+class _Sleeper:
+    """A claim wait blocking in a thread (:meth:`Changes.wait`): it sleeps on a wake of its
+    own, on the lock of :class:`Changes`, so that a wake reaches the one wait it is for
+    (:meth:`Changes._wake_claims`, oldest first; :meth:`Changes.handed`)."""
+
+    __slots__ = ("finishes", "wake")
+
+    def __init__(self, wake: threading.Condition, finishes: bool) -> None:
+        self.wake = wake
+        #: a claim a finish may unblock (capped queues)
+        self.finishes = finishes
+
+
+#: :attr:`Taker.thread` of a claim blocking in a thread: a submit on any thread may hand
+#: it a record
+ANY_THREAD = -1
 
 
 @dataclass(frozen=True)
@@ -226,6 +263,10 @@ RETRY = 0.001
 #: seconds the poller lingers once nobody waits (or 500 paces, if longer)
 IDLE_EXIT = 1.0
 
+#: seconds a blocking claim leaving its wait waits at most for a submit that reserved it
+#: to say whether it handed it a record (it takes one write; past that, the submit hands
+#: the record back)
+_RESERVED_WAIT = 30.0
 #: seconds a wait blocking in a thread goes without looking again (a parked one is
 #: looked at again on a change, or when its work comes due)
 LOOK_AGAIN = 0.25
@@ -253,11 +294,8 @@ class Changes:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._poll_interval = store.poll_interval
-        lock = threading.RLock()
+        lock = self._lock = threading.RLock()
         self._cond = threading.Condition(lock)
-        #: claim waits sleep on this one (same lock): a wake meant for one of them is
-        #: never taken by a result wait
-        self._work = threading.Condition(lock)
         #: the cross-process poller sleeps on this one (same lock): only a close cuts its
         #: nap short, not every finish the result waits on ``_cond`` are told of
         self._nap = threading.Condition(lock)
@@ -266,8 +304,13 @@ class Changes:
         #: blocking claims looking at the store now (see :class:`Look`)
         self._looks: list[Look] = []
         #: parked claims held now that a submit on their holder's thread may hand its
-        #: records to (see :class:`Taker`), oldest first
+        #: records to, and claims blocking in a thread that any submit may (see
+        #: :class:`Taker`), oldest first
         self._takers: list[Taker] = []
+        #: claim waits blocking in a thread, asleep and not woken since they went to
+        #: sleep, oldest first (one woken that sleeps again goes to the end, as on a
+        #: condition); a wake meant for one of them is never taken by a result wait
+        self._sleepers: list[_Sleeper] = []
         #: claim waiters that a finish may unblock (capped queues)
         self._finish_waiters = 0
         #: finishes seen so far (what :meth:`wait_finish` waits on), and its waiters
@@ -325,7 +368,7 @@ class Changes:
             if not due_now:
                 self._later = self._generation
             if waiters is None:
-                self._work.notify_all()
+                self._wake_claims(None)
             else:
                 # A claim looking now sees the change when it is done and looks again:
                 # it takes the wake a sleeping one would have had (woken, that one would
@@ -339,7 +382,7 @@ class Changes:
                         if look.owes is None:
                             look.owes, left = owed, left - 1
                 if left:
-                    self._work.notify(left)
+                    self._wake_claims(left)
             self._stir()
         self._tell(waiters, frozenset(queues))
 
@@ -366,7 +409,20 @@ class Changes:
                 return  # (a wait ended it, then failed)
             self._looks.remove(look)
             if look.owes is not None and look.owes.isdisjoint(took) and self._waiters:
-                self._work.notify(1)
+                self._wake_claims(1)
+
+    def _wake_claims(self, n: int | None, *, finishes: bool = False) -> None:
+        """Wake ``n`` claim waits asleep (None: all), oldest first (lock held); with
+        ``finishes``, every one a finish may unblock (and no other)."""
+        if finishes:
+            woken = [s for s in self._sleepers if s.finishes]
+            self._sleepers = [s for s in self._sleepers if not s.finishes]
+        elif n is None:
+            woken, self._sleepers = self._sleepers, []
+        else:
+            woken, self._sleepers = self._sleepers[:n], self._sleepers[n:]
+        for sleeper in woken:
+            sleeper.wake.notify()
 
     def _stir(self) -> None:
         """A write made here (lock held): the poller keeps, or takes up again, its pace."""
@@ -382,7 +438,7 @@ class Changes:
             if look is not None:
                 look.owes = None
             if self._waiters:
-                self._work.notify(1)
+                self._wake_claims(1)
 
     def drained(
         self, queues: Iterable[str], generation: int, now: float, due: float | None
@@ -440,6 +496,7 @@ class Changes:
         parked: float | None = None,
         finish_since: int | None = None,
         look: Look | None = None,
+        taker: Taker | None = None,
     ) -> bool:
         """Block until something changed after generation ``since``, or ``timeout``.
 
@@ -454,6 +511,9 @@ class Changes:
         left to it is a change since ``since``, and the caller looks again at once, its
         next look owing the wake (``look.owes``, read after this returns). A look that
         found nothing is owed nothing more: its claim passed a wake on (:meth:`pass_on`).
+        ``taker``: a claim whose look found its queues with nothing to take, which a
+        submit may hand its record to meanwhile (see :class:`Taker`; not one a finish
+        may unblock, nor a parking one): the wait then ends when its box has claims too.
         """
         since_finish = finish_since if finishes else None
         if self._parking.on:
@@ -477,10 +537,46 @@ class Changes:
             self._count("generation", finishes, 1)
             self._ensure_poller()
             try:
-                self._work.wait_for(moved, timeout)
+                self._sleep(moved, timeout, finishes, taker)
             finally:
                 self._count("generation", finishes, -1)
         return True
+
+    def _sleep(
+        self, moved: Callable[[], bool], timeout: float, finishes: bool, taker: Taker | None
+    ) -> None:
+        """A claim wait blocking in this thread (lock held): it sleeps on a wake of its own
+        until ``moved()``, its box has claims (``taker``: on the books meanwhile), or
+        ``timeout``. Woken for nothing, it sleeps again at the end of the line, as on a
+        condition; not on the line while a submit that reserved it writes (that submit
+        wakes it). It leaves a taker's books, and not while that submit writes (the
+        record is leased to its worker: a claim gone would leave it held until its
+        lease ran out) — unless the write takes past :data:`_RESERVED_WAIT`."""
+        sleeper = _Sleeper(threading.Condition(self._lock), finishes)
+        if taker is not None:
+            taker.sleeper, taker.thread = sleeper, ANY_THREAD
+            self._takers.append(taker)
+        end = time.monotonic() + timeout
+        try:
+            while not ((taker is not None and taker.box) or moved()):
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                if sleeper not in self._sleepers and not (taker is not None and taker.reserved):
+                    self._sleepers.append(sleeper)
+                sleeper.wake.wait(left)
+        finally:
+            try:
+                if sleeper in self._sleepers:
+                    self._sleepers.remove(sleeper)
+                if taker is not None:
+                    taker.thread = 0  # (never back on the books)
+                    if taker in self._takers:
+                        self._takers.remove(taker)
+                    sleeper.wake.wait_for(lambda: not taker.reserved, _RESERVED_WAIT)
+            finally:
+                if taker is not None and taker.reserved:
+                    taker.abandoned = True  # (decided with the lock held: see handed)
 
     @property
     def finishes(self) -> int:
@@ -612,29 +708,33 @@ class Changes:
         scheduled work not come due by ``now`` (plane time), and no other process's
         write to the store since it looked (:meth:`~.store.Store.change_marker`)."""
         me = threading.get_ident()
-        with self._cond:
-            found = next(
-                (
-                    n
-                    for n, t in enumerate(self._takers)
-                    if t.thread == me
-                    and queue in t.queues
-                    and t.since == self._generation
-                    and now < t.due
-                ),
-                None,
+
+        def eligible(t: Taker) -> bool:
+            return (
+                (t.thread == me or t.thread == ANY_THREAD)
+                and queue in t.queues
+                and t.since == self._generation
+                and now < t.due
             )
-            if found is None:
-                return None
-            taker = self._takers.pop(found)
+
+        with self._cond:
+            taker = None if self._closed else next(filter(eligible, self._takers), None)
+        if taker is None:
+            return None
+        # (read outside the lock, the taker left in place: refused, nothing is disturbed)
         try:
             moved = taker.marker is not None and self._store.change_marker() != taker.marker
         except Exception:
             moved = True  # (the store is closing: nothing handed)
         if moved:
-            with self._cond:  # (another process wrote: the claim looks, as woken)
-                self._takers.insert(found, taker)
-            return None
+            return None  # (another process wrote: the claim looks, as woken)
+        with self._cond:
+            if taker not in self._takers or not eligible(taker) or self._closed:
+                return None  # (it left, or something changed, meanwhile)
+            self._takers.remove(taker)
+            taker.reserved = True
+            if taker.sleeper is not None and taker.sleeper in self._sleepers:
+                self._sleepers.remove(taker.sleeper)  # (it takes no other wake meanwhile)
         return taker
 
     def withdraw(self, queue: str) -> None:
@@ -643,17 +743,27 @@ class Changes:
         with self._cond:
             self._takers = [t for t in self._takers if queue not in t.queues]
 
-    def handed(self, taker: Taker) -> None:
+    def handed(self, taker: Taker) -> bool:
         """The submit's record is written and the ``taker`` it reserved has its claim in
         its box: wake its holder. One that got none (the record was a replay of an
-        existing id, or the write failed) goes back on the books."""
-        if taker.box:
-            if taker.on_handed is not None:
-                taker.on_handed()
-            return
+        existing id, or the write failed) goes back on the books, while it waits. False:
+        a blocking claim that gave up waiting for this word (:attr:`Taker.abandoned`),
+        whose box is not its answer: the caller hands what it put there back."""
+        if taker.box and taker.on_handed is not None:
+            taker.on_handed()
         with self._cond:
-            if taker.thread and taker not in self._takers:
+            if not taker.box and taker.thread and taker not in self._takers:
                 self._takers.insert(0, taker)
+            self._unreserve(taker)
+            return not taker.abandoned
+
+    @staticmethod
+    def _unreserve(taker: Taker) -> None:
+        """No submit writes for ``taker`` any more (lock held): a blocking claim is woken,
+        to take its box, to leave, or to sleep on."""
+        taker.reserved = False
+        if taker.sleeper is not None:
+            taker.sleeper.wake.notify()
 
     def then(
         self,
@@ -811,8 +921,10 @@ class Changes:
             if new_work:
                 self._generation += 1
                 self._later = self._generation  # (a retry comes due after its backoff)
-            if new_work or (finish and self._finish_waiters):
-                self._work.notify_all()
+            if new_work:
+                self._wake_claims(None)
+            elif finish and self._finish_waiters:
+                self._wake_claims(None, finishes=True)
             if finish and self._finish_listeners > 0:
                 self._cond.notify_all()
         for entry, rec in due:
@@ -831,7 +943,7 @@ class Changes:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            self._work.notify_all()
+            self._wake_claims(None)
             self._nap.notify_all()
             if self._watch is not None:
                 self._watch.interrupt()  # (the poller may sleep on it: it ends now)

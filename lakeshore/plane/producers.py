@@ -48,25 +48,27 @@ class ProducerOps(PlaneBase):
         specs: dict[str, QueueSpec] = {}
         idle: set[str] = set()
         invs = [self._pending_record(sub, specs, idle, now) for sub in subs]
-        # (a claim parked for a lone call takes it as it is written: _hand_over)
+        # (a claim waiting for a lone call takes it as it is written: _hand_over)
         handed = None
         if len(invs) == 1 and self._changes.takers:
             handed = self._hand_over(invs[0], specs[invs[0].queue], now)
-            if handed is not None:
-                invs[0] = handed[1]
+        taker = None if handed is None else handed[0]
+        if handed is not None:
+            invs[0] = handed[1]
         told = self._changes.told
+        given = taken = False
         try:
             existing = self.store.insert_many(invs)
-        except BaseException:
-            if handed is not None:
-                self._changes.handed(handed[0])  # (nothing handed: back on the books)
-            raise
-        given = handed is not None and existing[0] is None  # (not a replay's record)
-        if handed is not None:
-            # First, before anything else may fail: the record is written leased.
-            if given:
-                handed[0].box.append(claim_of(invs[0]))
-            self._changes.handed(handed[0])
+            given = taker is not None and existing[0] is None  # (not a replay's record)
+            if taker is not None and given:
+                # First, before anything else may fail: the record is written leased.
+                taker.box.append(claim_of(invs[0]))
+        finally:
+            # (nothing handed, the write failed or found a replay: back on the books)
+            if taker is not None:
+                taken = self._changes.handed(taker)
+        if taker is not None and given and not taken:  # (its claim gave up on this write)
+            self._hand_back(list(taker.box))
         self._changes.submitted(
             (inv.id for inv, found in zip(invs, existing, strict=True) if found is None), told
         )

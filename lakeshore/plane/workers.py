@@ -63,14 +63,13 @@ class WorkerOps(PlaneBase):
                 return []  # the plane is closing: answer empty, promptly
             # (a blocking claim's look lasts until its wait begins: see Changes.look)
             look = self._changes.look(owed) if wait > 0 else None
-            # (a parking claim on a store other processes write: its writes since this
-            # look keep a submit from handing the claim a record, see Changes.reserve)
-            marker = (
-                self.store.change_marker()
-                if self.store.shared and wait > 0 and self._changes.parks
-                else None
-            )
+            # (a waiting claim on a store other processes write: their writes since
+            # this look keep a submit from handing the claim a record, see
+            # Changes.reserve)
+            marker = None
             try:
+                if self.store.shared and wait > 0:
+                    marker = self.store.change_marker()
                 generation = self._changes.generation if look is None else look.generation
                 finishes = self._changes.finishes
                 looked_at = self.clock.now()
@@ -112,6 +111,12 @@ class WorkerOps(PlaneBase):
                     if clean and keep:
                         self._changes.drained(queues, generation, looked_at, due_at)
                 due = min(remaining, max(due_at - self.clock.now(), 0.001))
+                # (blocking, its queues left with nothing to take: a submit in this
+                # process may hand it its record meanwhile, see Changes.reserve)
+                taker = None
+                if emptied and not any(capped) and not self._changes.parks:
+                    lease = lease_seconds or self.lease_seconds
+                    taker = Taker(frozenset(queues), worker, lease, generation, due_at, marker)
                 waited = self._changes.wait(
                     generation,
                     min(due, LOOK_AGAIN),
@@ -121,9 +126,12 @@ class WorkerOps(PlaneBase):
                     parked=due,
                     finish_since=finishes,
                     look=look,
+                    taker=taker,
                 )
                 owed = None if look is None else look.owes
                 look = None  # (the wait ended it)
+                if taker is not None and taker.box and not taker.abandoned:
+                    return list(taker.box)  # (handed over; one given up is handed back)
                 if not waited:
                     # Parked: the event loop holding the request asks again, unless a
                     # submit on its thread hands it a record first (see _hand_over).
@@ -142,8 +150,9 @@ class WorkerOps(PlaneBase):
     def _hand_over(
         self, inv: Invocation, spec: QueueSpec, now: float
     ) -> tuple[Taker, Invocation] | None:
-        """Lease the new record of a lone submit to a claim parked for work on its queue,
-        as that claim's own look would have, before it is written: the claim's
+        """Lease the new record of a lone submit to a claim waiting for work on its queue
+        (parked, or blocking in a thread of this process), as that claim's own look
+        would have, before it is written: the claim's
         :class:`~.changes.Taker` and the record leased to its worker (what the submit
         writes), or None. Only a record due now, on a queue without a running cap
         (a cap is counted by a look) that is not Boltzmann-ordered (a look samples among
@@ -156,8 +165,12 @@ class WorkerOps(PlaneBase):
         taker = self._changes.reserve(inv.queue, now)
         if taker is None:
             return None
-        _, _, lease = _lease_update(inv, taker.worker, now, taker.lease_seconds)
-        return taker, replace(inv, **lease)
+        try:
+            _, _, lease = _lease_update(inv, taker.worker, now, taker.lease_seconds)
+            return taker, replace(inv, **lease)
+        except BaseException:
+            self._changes.handed(taker)  # (nothing handed: back on the books)
+            raise
 
     def _hand_back(self, claims: list[Claim]) -> None:
         """Claims handed to a parked claim that its holder could not deliver (its client
@@ -568,15 +581,15 @@ class WorkerOps(PlaneBase):
                         again.add(updated.queue)
             if len(batch) < _SWEEP_BATCH:
                 break
+        if handled:  # (told before anything else: a submit meanwhile hands over nothing)
+            self._changes.notify()
+            self.wake_idle(again)
         if purge or now >= self._next_purge:
             self._next_purge = now + 60.0
             self.store.purge(now, now - self.tombstone)
             for spec, _ in self.store.list_queues():
                 if spec.delete_when_drained and self._drained(spec.name, now):
                     self.store.delete_queue(spec.name, invocations=False)
-        if handled:
-            self._changes.notify()
-            self.wake_idle(again)
         return handled
 
     def _expire_lease(self, rec: Invocation, now: float) -> Invocation | None:
