@@ -512,6 +512,9 @@ def test_listing_invocations_pages_by_cursor(api: Api) -> None:
     assert page2["next"] is None
     pending = producer.call("GET", "/v1/invocations", query="queue=q&state=pending").body
     assert len(pending["invocations"]) == 5
+    # a cursor that is no invocation id (a page's next) is refused, with why
+    bad = producer.call("GET", "/v1/invocations", query="queue=q&cursor=%2Fnot%3Fan%23id")
+    assert bad.status == 400 and "cursor must be an invocation id" in bad.body["error"]["message"]
 
 
 def test_blobs_move_by_signed_url_without_a_token(api: Api) -> None:

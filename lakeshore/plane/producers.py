@@ -275,6 +275,10 @@ class ProducerOps(PlaneBase):
         public state."""
         if state is not None and state not in {s.value for s in State}:
             raise InvalidRequest(f"unknown state {state!r}")
+        if after is not None and not nameable(after):
+            raise InvalidRequest(
+                f"cursor must be an invocation id (a page's next): {_quoted(after)}"
+            )
         found: list[Invocation] = []
         while len(found) < limit:
             now, want = self.clock.now(), limit - len(found)
