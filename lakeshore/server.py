@@ -530,9 +530,16 @@ class PlaneASGI:
         self.answered_now += 1
         return self._resolve(request.event(headers))
 
-    async def answer_held(self, request: ShortRequest, hung_up: asyncio.Future[None]) -> Answer:
+    async def answer_held(
+        self,
+        request: ShortRequest,
+        hung_up: asyncio.Future[None],
+        closing: Callable[[], bool] = lambda: False,
+    ) -> Answer:
         """The answer to a waiting request :meth:`takes` took, parked as :meth:`__call__`
-        parks it (``hung_up`` is done when its client goes away: :data:`_GONE`)."""
+        parks it (``hung_up`` is done when its client goes away: :data:`_GONE`;
+        ``closing()``, whether its connection is closing: an answer would not be
+        written)."""
         headers = _headers(request.headers)
         if self._stopping:
             return _stopping_response(headers)
@@ -542,7 +549,10 @@ class PlaneASGI:
             await hung_up
             return {"type": "http.disconnect"}
 
-        answer = await self._answer_parked(request.event(headers), headers, receive)
+        def going() -> bool:
+            return hung_up.done() or closing()
+
+        answer = await self._answer_parked(request.event(headers), headers, receive, going)
         if answer is _GONE:
             self.dropped += 1
         return answer
@@ -756,13 +766,20 @@ class PlaneASGI:
 
     # --- parked requests (event loop only, but for _on_change) -----------------------
     async def _answer_parked(
-        self, event: dict[str, Any], headers: Mapping[str, str], receive: Receive
+        self,
+        event: dict[str, Any],
+        headers: Mapping[str, str],
+        receive: Receive,
+        going: Callable[[], bool] = lambda: False,
     ) -> Answer:
         """Resolve a waiting request on the event loop, again after each change it
         waits for, until it gets an answer that is not a park or its deadline passes.
 
         A request whose client hung up while parked is dropped, not resolved again (a
-        killed worker's claim must not lease the next call to a closed connection)."""
+        killed worker's claim must not lease the next call to a closed connection).
+        ``going()``: whether its connection is going, known before ``receive`` says so (the
+        short lane's, which writes the answer as this returns): a claim handed calls
+        then hands them back instead of answering into a closed connection."""
         changes = cast("Changes", self.changes)
         loop = self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
@@ -782,9 +799,10 @@ class PlaneASGI:
         park: Park | None = None
         try:
             while True:
-                if gone is not None and _disconnected(gone):
+                if (gone is not None and _disconnected(gone)) or going():
                     # It hung up as a wake came (the wake settled the waiter first):
-                    # not resolved again, and the wake goes to the next one.
+                    # not resolved again, and the wake goes to the next one (what it
+                    # was handed, the finally's release hands back).
                     if woken:
                         self._pass_on(woken_for)
                     return _GONE
@@ -1319,7 +1337,7 @@ def _protocol(app: PlaneASGI | None = None) -> type[asyncio.Protocol]:
             held = _Held(keep, self.loop.create_future())
             self.cycle = held  # type: ignore[assignment]
             if kind == HELD:
-                hold = app.answer_held(request, held.hung_up)
+                hold = app.answer_held(request, held.hung_up, self.transport.is_closing)
             else:
                 hold = app.answer_carried(request)
             task = self.loop.create_task(self._hold(method, held, hold))

@@ -210,6 +210,42 @@ def test_a_claim_cut_as_it_is_handed_a_call_hands_the_call_back(
     assert (claim.id, claim.attempt) == (sub.id, 1)
 
 
+def test_a_claim_whose_connection_closes_as_it_is_handed_a_call_hands_the_call_back(
+    served: LocalServer,
+    parts: tuple[Plane, PlaneASGI],
+    claiming: Callable[..., list[list[Claim]]],
+) -> None:
+    # Given a claim parked on the server's short lane
+    plane, asgi = parts
+    plane.ensure_queue(QueueSpec("closing"))
+    got = claiming(["closing"], wait=3.0)
+    _parked(plane, asgi, 1)
+    sub = Submission(new_id(), "closing", PAYLOAD)
+    done = threading.Event()
+    assert served.uvicorn is not None
+    connections = served.uvicorn.server_state.connections
+
+    def on_loop() -> None:
+        # When, in one turn of the loop, its connection is closed (the loss is told at
+        # the next turn) and then a call is submitted there, which hands it to that claim
+        (held,) = [c for c in connections if type(getattr(c, "cycle", None)).__name__ == "_Held"]
+        held.transport.close()
+        plane.submit([sub])
+        done.set()
+
+    assert asgi._loop is not None
+    asgi._loop.call_soon_threadsafe(on_loop)
+    assert done.wait(10)
+    # Then the call is pending again, untried (handed back by the park's release: the
+    # answer could not be written), for the next worker
+    wait_for(lambda: plane.get(sub.id).state is State.PENDING, 10, "never handed back")
+    rec = plane.get(sub.id)
+    assert (rec.state, rec.attempt, rec.worker) == (State.PENDING, 0, None)
+    (claim,) = plane.claim(["closing"], "next")
+    assert (claim.id, claim.attempt) == (sub.id, 1)
+    assert not any(got)
+
+
 @pytest.mark.parametrize(
     ("spec", "options"),
     [
