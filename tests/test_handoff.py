@@ -176,24 +176,35 @@ def test_a_hand_over_wakes_no_other_claim(
     wait_for(lambda: all(others), 10, "the other claims got nothing")
 
 
+@pytest.mark.parametrize("cut", ["server-stops", "connection-closes"])
 def test_a_claim_cut_as_it_is_handed_a_call_hands_the_call_back(
     served: LocalServer,
     parts: tuple[Plane, PlaneASGI],
     claiming: Callable[..., list[list[Claim]]],
+    cut: str,
 ) -> None:
-    # Given a claim parked on the server
+    # Given a claim parked on the server (on its short lane)
     plane, asgi = parts
     plane.ensure_queue(QueueSpec("cut"))
-    got = claiming(["cut"], wait=8.0)
+    got = claiming(["cut"], wait=3.0)
     _parked(plane, asgi, 1)
     sub = Submission(new_id(), "cut", PAYLOAD)
     done = threading.Event()
+    assert served.uvicorn is not None
+    connections = served.uvicorn.server_state.connections
 
     def on_loop() -> None:
-        # When, in one turn of the loop, the server stops (the parked claim is answered
-        # 503) and then a call is submitted there, which hands it to that claim
-        asgi._stopping = True
-        asgi._cut_waits()
+        # When, in one turn of the loop, the claim is cut — the server stops (the parked
+        # claim is answered 503), or its connection is closed (the loss is told at the
+        # next turn) — and then a call is submitted there, which hands it to that claim
+        if cut == "server-stops":
+            asgi._stopping = True
+            asgi._cut_waits()
+        else:
+            (held,) = [
+                c for c in connections if type(getattr(c, "cycle", None)).__name__ == "_Held"
+            ]
+            held.transport.close()
         plane.submit([sub])
         done.set()
 
@@ -205,43 +216,7 @@ def test_a_claim_cut_as_it_is_handed_a_call_hands_the_call_back(
     wait_for(lambda: plane.get(sub.id).state is State.PENDING, 10, "never handed back")
     rec = plane.get(sub.id)
     assert (rec.state, rec.attempt, rec.worker) == (State.PENDING, 0, None)
-    assert not any(got)
     (claim,) = plane.claim(["cut"], "next")
-    assert (claim.id, claim.attempt) == (sub.id, 1)
-
-
-def test_a_claim_whose_connection_closes_as_it_is_handed_a_call_hands_the_call_back(
-    served: LocalServer,
-    parts: tuple[Plane, PlaneASGI],
-    claiming: Callable[..., list[list[Claim]]],
-) -> None:
-    # Given a claim parked on the server's short lane
-    plane, asgi = parts
-    plane.ensure_queue(QueueSpec("closing"))
-    got = claiming(["closing"], wait=3.0)
-    _parked(plane, asgi, 1)
-    sub = Submission(new_id(), "closing", PAYLOAD)
-    done = threading.Event()
-    assert served.uvicorn is not None
-    connections = served.uvicorn.server_state.connections
-
-    def on_loop() -> None:
-        # When, in one turn of the loop, its connection is closed (the loss is told at
-        # the next turn) and then a call is submitted there, which hands it to that claim
-        (held,) = [c for c in connections if type(getattr(c, "cycle", None)).__name__ == "_Held"]
-        held.transport.close()
-        plane.submit([sub])
-        done.set()
-
-    assert asgi._loop is not None
-    asgi._loop.call_soon_threadsafe(on_loop)
-    assert done.wait(10)
-    # Then the call is pending again, untried (handed back by the park's release: the
-    # answer could not be written), for the next worker
-    wait_for(lambda: plane.get(sub.id).state is State.PENDING, 10, "never handed back")
-    rec = plane.get(sub.id)
-    assert (rec.state, rec.attempt, rec.worker) == (State.PENDING, 0, None)
-    (claim,) = plane.claim(["closing"], "next")
     assert (claim.id, claim.attempt) == (sub.id, 1)
     assert not any(got)
 
@@ -666,24 +641,32 @@ def test_a_hand_over_to_a_blocking_claim_wakes_no_other(
     assert looks == []
 
 
-def test_a_blocking_claim_whose_time_runs_out_while_a_call_is_handed_to_it_takes_it(
-    plane: Plane, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given a claim blocking on an empty queue for 1 s, and a store whose next write takes
-    # longer than that
+def _handed_in_a_slow_write(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, seconds: float
+) -> tuple[str, list[list[Claim]]]:
+    """A claim blocking on an empty queue for 1 s is handed a call whose write takes
+    ``seconds`` (the submit returns once it is written): the call's id, and what the
+    claim answered."""
     monkeypatch.setattr(workers_module, "LOOK_AGAIN", 5.0)
     thread, got = _blocking(plane, "w", wait=1.0)
     real = plane.store.insert_many
 
     def slow(invs: Any) -> Any:
-        time.sleep(1.5)
+        time.sleep(seconds)
         return real(invs)
 
     monkeypatch.setattr(plane.store, "insert_many", slow)
-    # When a call submitted meanwhile is handed to the claim, and is written only once
-    # the claim's time has run out
     inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
     thread.join(10)
+    return inv, got
+
+
+def test_a_blocking_claim_whose_time_runs_out_while_a_call_is_handed_to_it_takes_it(
+    plane: Plane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a claim blocking for 1 s, when a call is handed to it and written only once
+    # the claim's time has run out (1.5 s)
+    inv, got = _handed_in_a_slow_write(plane, monkeypatch, 1.5)
     # Then the claim answered with the call (it is leased to its worker: not left to a
     # claim that is gone, until its lease runs out)
     assert [c.id for c in got[0]] == [inv]
@@ -694,22 +677,10 @@ def test_a_blocking_claim_whose_time_runs_out_while_a_call_is_handed_to_it_takes
 def test_a_blocking_claim_that_gives_up_on_a_slow_hand_over_leaves_the_call_pending(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a claim blocking on an empty queue for 1 s, which waits at most 0.2 s for a
-    # submit that reserved it, and a store whose next write takes 4 s
-    monkeypatch.setattr(workers_module, "LOOK_AGAIN", 5.0)
+    # Given a claim blocking for 1 s that waits at most 0.2 s for a submit that reserved
+    # it, when a call is handed to it and written after it gave up on it (4 s)
     monkeypatch.setattr(changes_module, "_RESERVED_WAIT", 0.2)
-    thread, got = _blocking(plane, "w", wait=1.0)
-    real = plane.store.insert_many
-
-    def slow(invs: Any) -> Any:
-        time.sleep(4.0)
-        return real(invs)
-
-    monkeypatch.setattr(plane.store, "insert_many", slow)
-    # When a call submitted meanwhile is handed to the claim, and written after the claim
-    # gave up on it
-    inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
-    thread.join(10)
+    inv, got = _handed_in_a_slow_write(plane, monkeypatch, 4.0)
     # Then the claim answered nothing, and the call was handed back: pending, untried
     # (not leased to a claim that is gone until its lease runs out)
     assert got == [[]]
