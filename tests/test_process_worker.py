@@ -866,10 +866,10 @@ def test_a_job_process_makes_a_claim_and_runs_nothing_once_its_worker_stops() ->
 
     def ask(answer: Any, *, stopping: bool = False) -> tuple[Any, Any]:
         parent_end, child_end = multiprocessing.Pipe()
-        msg = ("claim", ["q"], "w", 2, 0.0, 60.0, True)
+        msg = ("claim", ["q"], "w", 2, 0.0, 60.0, True, False)
         plane = plane_answering(answer)
         to_run = _claim_here(plane, msg, _Sent(Pipe(child_end)), lambda: stopping)
-        return to_run, parent_end.recv()
+        return to_run, parent_end.recv()[:4]
 
     # leased: the parent hears of it all first, and this process runs the first
     assert ask(claims) == (claims, ("claimed", claims, None, True))
@@ -1076,6 +1076,111 @@ def test_a_job_whose_child_is_completing_it_is_not_killed(dp: dls.Dispatch, why:
     slot.cancel_requested = True
     w._enforce()
     assert killed == ["cancel"]
+
+
+def test_a_job_process_rings_its_parent_for_every_word_but_a_quiet_one() -> None:
+    # Given a job process's end of its pipe, and its bell (the pipe its parent waits on)
+    parent_end, child_end = multiprocessing.Pipe()
+    bell_r, bell_w = multiprocessing.Pipe(duplex=False)
+    sent = _Sent(Pipe(child_end), Pipe(bell_w))
+    bell = Pipe(bell_r)
+    # When it says its job ended, quietly (its parent waits on nothing for it)
+    sent.send(("finishing", "i"), quiet=True)
+    # Then the word is on the pipe, in order, and the bell did not ring
+    assert not bell.ready() and parent_end.recv() == ("finishing", "i")
+    # When it says something its parent must read now, then the bell rings once
+    sent.send(("done", "i"))
+    assert bell.ready() and bell.recv_bytes() == b"" and not bell.ready()
+    assert parent_end.recv() == ("done", "i")
+
+
+def test_a_job_process_rings_before_a_word_too_large_for_the_pipe() -> None:
+    # Given a job process's end of its pipe and its bell, and a parent that waits on the
+    # bell alone, as the worker's loop does, and then reads the pipe
+    parent_end, child_end = multiprocessing.Pipe()
+    bell_r, bell_w = multiprocessing.Pipe(duplex=False)
+    sent = _Sent(Pipe(child_end), Pipe(bell_w))
+    word = ("done", "i", b"x" * (1 << 20))  # (far more than the pipe holds)
+    got: list[Any] = []
+
+    def parent() -> None:
+        if bell_r.poll(10):
+            got.append(parent_end.recv())
+
+    reading = threading.Thread(target=parent, daemon=True)
+    reading.start()
+    # When it sends a word too large for the pipe
+    sending = threading.Thread(target=sent.send, args=(word,), daemon=True)
+    sending.start()
+    # Then the parent was rung before the write, and the write did not wait for good
+    sending.join(10)
+    reading.join(10)
+    assert not sending.is_alive() and got == [word]
+
+
+def test_a_job_begun_after_the_one_its_process_was_killed_for_is_handed_back(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a slot whose job was cancelled and its process killed, which had said the
+    # job ended just before (read only now), with another job queued behind it
+    w = ProcessWorker(dp, ["q"])
+    w._cold.set()  # (no job process is started again here)
+    slot = w._slots[0]
+    parent_end, child_end = multiprocessing.Pipe()
+    bell_r, _ = multiprocessing.Pipe(duplex=False)
+    slot.conn, slot.bell = Pipe(parent_end), Pipe(bell_r)
+    slot.proc = SimpleNamespace(
+        join=lambda timeout=None: None,
+        exitcode=-signal.SIGKILL,
+        is_alive=lambda: False,
+        kill=lambda: None,
+    )
+    first, second = (
+        Claim(i, "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
+        for i in ("a", "b")
+    )
+    w._begin(slot, first)
+    slot.queued.append(second)
+    w._kill(slot, "cancel")
+    child_end.send(("done", "a", Outcome(ok=True, result=b"r"), 50.0, False, None))
+    recorded: list[tuple[str, bool]] = []
+    released: list[str] = []
+    monkeypatch.setattr(w, "_record", lambda c, out, **_: recorded.append((c.id, out.ok)))
+    monkeypatch.setattr(dp.transport, "release", lambda inv_id, token: released.append(inv_id))
+    # When its parent learns of its end
+    w._died(slot)
+    # Then the cancelled job's outcome counts as it ended, and the one begun behind it
+    # goes back untried (not dropped, its lease left to run out)
+    assert recorded == [("a", True)] and released == ["b"]
+
+
+def test_a_job_process_that_dies_after_its_quiet_word_has_its_claim_failed_not_handed_back(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a one-slot worker whose job process made its claim, said quietly that it
+    # leased a call (its parent has not read it yet), then died running that call
+    w = ProcessWorker(dp, ["q"])
+    w._cold.set()  # (no job process is started again here)
+    slot = w._slots[0]
+    parent_end, child_end = multiprocessing.Pipe()
+    bell_r, _ = multiprocessing.Pipe(duplex=False)
+    slot.conn, slot.bell, slot.claiming = Pipe(parent_end), Pipe(bell_r), True
+    slot.proc = SimpleNamespace(
+        join=lambda timeout=None: None, exitcode=-signal.SIGSEGV, is_alive=lambda: False
+    )
+    claim = Claim("i", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
+    child_end.send(("claimed", [claim], None, True, time.monotonic()))
+    recorded: list[tuple[str, str]] = []
+    released: list[str] = []
+    monkeypatch.setattr(
+        w, "_record", lambda c, out, **_: recorded.append((c.id, out.error["type"]))
+    )
+    monkeypatch.setattr(dp.transport, "release", lambda inv_id, token: released.append(inv_id))
+    # When its parent learns of its end
+    w._died(slot)
+    # Then the call it leased is failed as the crash it was, not handed back untried (a
+    # call that crashes its job process would come back again and again)
+    assert recorded == [("i", "dreamlake.lakeshore.WorkerCrashed")] and released == []
 
 
 def test_failing_claims_are_told_once_with_their_reason_and_again_when_they_go_through(

@@ -5,19 +5,20 @@ A ``("skip", id)`` message cancels a claim sent earlier that has not started: th
 reads every message waiting before it starts the next job, so a skip that follows its
 run is seen in time (the answer is ``("skipped", id)``).
 
-A ``("claim", queues, worker, limit, wait, lease_seconds, alone)`` message asks this
-process to make its idle worker's claim over its own connection: it answers
+A ``("claim", queues, worker, limit, wait, lease_seconds, alone, quiet)`` message asks
+this process to make its idle worker's claim over its own connection: it answers
 ``("claimed", claims, None, True)`` (``("claimed", [], reason, False)`` when the claim
 failed) before anything else, then runs the first claim as if it had been sent
 (``alone`` when it is the only one), and leaves the others to the parent. Once the
 worker is stopping (a flag the parent shares with its job processes, set by the stop
 itself) it runs none: ``("claimed", claims, None, False)``, and the parent hands them
-all back.
+all back. ``quiet``: nothing in the parent waits on that word (a one-slot worker), so a
+word that leased work does not ring the parent's bell (see :class:`_Sent`).
 
 A claim sent as the worker's only job (``alone``) that ends well, wrote no output,
 reported no progress and has no result blobs is completed on the plane by this process,
-over its own connection: it tells the parent first (``("finishing", id)``: the job has
-ended, so a heartbeat that finds it finished kills nothing), then sends the completion,
+over its own connection: it tells the parent first (``("finishing", id)``, quietly: the
+job has ended, so a heartbeat that finds it finished kills nothing), then sends the completion,
 then ``("done", id, outcome, rss, True, seconds)`` (how long the completion took; None
 for this process's first, which opens its connection). Otherwise ``("done", id,
 outcome, rss, False, None)``: the parent reports it — any other outcome, a completion
@@ -26,6 +27,7 @@ that did not reach the plane, or one the plane refused as unreadable.
 
 from __future__ import annotations
 
+import pickle
 import signal
 import sys
 import threading
@@ -47,18 +49,35 @@ __all__ = ["CHUNK", "child_main", "fn_of"]
 
 #: bytes of output one log chunk carries at most
 CHUNK = 16 * 1024
+#: a message larger than this (pickled) rings the parent's bell before it is written,
+#: and is never quiet: a write that fills the pipe waits for the parent to read
+_RING_FIRST = 32 * 1024
 
 
 class _Sent:
-    """A child's end of the pipe, safe to send on from several threads."""
+    """A child's end of the pipe, safe to send on from several threads. With a ``bell``
+    (the write end of a second pipe, which the parent waits on instead of this one),
+    each message rings it once written, but a ``quiet`` one: the parent reads that with
+    the next message that rings, or at its loop's next turn (within 50 ms), not at once —
+    waking it on the call's path would put it on a core the call needs."""
 
-    def __init__(self, conn: Pipe) -> None:
+    def __init__(self, conn: Pipe, bell: Pipe | None = None) -> None:
         self.conn = conn
+        self.bell = bell
         self.lock = threading.Lock()
 
-    def send(self, msg: tuple[Any, ...]) -> None:
+    def send(self, msg: tuple[Any, ...], *, quiet: bool = False) -> None:
+        data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
         with self.lock:
-            self.conn.send(msg)
+            if self.bell is None:
+                self.conn.send_bytes(data)
+            elif len(data) > _RING_FIRST:  # (the parent reads it as it is written)
+                self.bell.send_bytes(b"")
+                self.conn.send_bytes(data)
+            else:
+                self.conn.send_bytes(data)
+                if not quiet:
+                    self.bell.send_bytes(b"")
 
 
 class _Capture:
@@ -115,11 +134,13 @@ def child_main(
     token: str | None,
     stop_flag: Any = None,
     parent: int | None = None,
+    bell: Any = None,
 ) -> None:
     """The job process's loop. ``stop_flag`` is the worker's shared stop flag (a
     ``multiprocessing`` ``RawValue``; None: never set). ``parent``: the worker's pid; the
     process and the command it runs then die with the worker (Linux, see
-    :mod:`.lifeline`; None: they do not)."""
+    :mod:`.lifeline`; None: they do not). ``bell``: the write end of the pipe the parent
+    waits on (see :class:`_Sent`; None: it waits on this one)."""
     if parent is not None:  # (first: the worker may be gone already)
         die_with_parent(parent)
         groups = CommandGroups.watched()
@@ -153,7 +174,7 @@ def child_main(
     for name in imports:
         importlib.import_module(name)
     conn = Pipe(conn)
-    pipe = _Sent(conn)
+    pipe = _Sent(conn, None if bell is None else Pipe(bell))
     out, err = _Capture(pipe, "stdout"), _Capture(pipe, "stderr")
     sys.stdout, sys.stderr = out, err
     source = _Blobs(inline_limit, job_plane)
@@ -228,7 +249,7 @@ def child_main(
         out.job = err.job = None
         reported, took = False, None
         if alone and not (told or out.wrote or err.wrote) and _completes_here(outcome):
-            pipe.send(("finishing", job))
+            pipe.send(("finishing", job), quiet=True)  # (read before any kill: _enforce)
             first = not opened
             started = time.monotonic()
             reported = _complete_here(job_plane, claim, outcome)
@@ -246,7 +267,7 @@ def _claim_here(
     """Make the worker's claim the parent asked for, and tell the parent what it leased
     before anything else (from then on the parent owns those leases). Returns the
     claims to run here: none once the worker is stopping (``stopped()``)."""
-    _, queues, worker, limit, wait, lease_seconds, _alone = msg
+    _, queues, worker, limit, wait, lease_seconds, _alone, quiet = msg
     try:
         claims = plane().transport.claim(
             queues, worker, limit=limit, wait=wait, lease_seconds=lease_seconds,
@@ -256,7 +277,10 @@ def _claim_here(
         pipe.send(("claimed", [], f"{type(exc).__name__}: {exc}", False))
         return []
     stopping = stopped()
-    pipe.send(("claimed", claims, None, not stopping))
+    # (quiet where the parent said nothing waits on the word: it owns the leases once it
+    # reads it, which it does before it acts on this process's end, see _died)
+    word = ("claimed", claims, None, not stopping, time.monotonic())  # (one clock: Linux)
+    pipe.send(word, quiet=quiet and len(claims) == 1 and not stopping)
     return [] if stopping else claims
 
 

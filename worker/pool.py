@@ -161,11 +161,19 @@ class _Slot:
     index: int
     proc: Any = None
     conn: Any = None  # a Pipe
+    #: the pipe the child rings once it has sent a message the main loop must read now
+    #: (a Pipe; it sends others quietly: the main loop reads those at its next turn), or
+    #: before a large one: the loop then waits on the messages' pipe too (``watch``)
+    #: until it has read one, so the child's write never waits long for it
+    bell: Any = None
+    watch: bool = False
     claim: Claim | None = None
     #: when the job must be done by (its timeout), in monotonic time
     deadline: float | None = None
     #: why the parent killed the child: "cancel" | "timeout" | "cold" | "stop" | None
     killed: str | None = None
+    #: the id of the job it was killed for
+    killed_for: str | None = None
     #: process group of a running exec job
     pgid: int | None = None
     #: function bodies this child has already received
@@ -352,6 +360,9 @@ class ProcessWorker:
             self._spawn(slot)
             self._slots.append(slot)
         if grew:
+            for slot in self._slots:
+                if slot.claiming:
+                    self._read(slot)  # (its quiet word, if it came: see _send_claim)
             self._end_chain()  # (the fetcher claims for the new slots)
             with self._cv:
                 self._cv.notify_all()  # free slots, for the fetcher
@@ -557,13 +568,16 @@ class ProcessWorker:
         """Have ``slot``'s child make the delegated claim ``job`` (its word comes back as a
         ``claimed`` message)."""
         alone = self._alone(slot)
+        # (one slot: nothing waits on the child's word that it leased work, which it
+        # then sends without ringing: see _pump)
+        quiet = len(self._slots) == 1 == self.concurrency
         with self._lock:
             slot.claiming = True
             job.slot = slot
         try:
             slot.conn.send(
                 ("claim", list(self.queues), self.worker_id, job.limit, job.wait,
-                 self.lease_seconds, alone)
+                 self.lease_seconds, alone, quiet)
             )  # fmt: skip
         except (OSError, ValueError):
             self._died(slot)
@@ -633,7 +647,12 @@ class ProcessWorker:
         self._answered.notify_all()
 
     def _claimed_in_child(
-        self, slot: _Slot, claims: list[Claim], error: str | None, runs: bool
+        self,
+        slot: _Slot,
+        claims: list[Claim],
+        error: str | None,
+        runs: bool,
+        started: float | None = None,
     ) -> None:
         """The child's word on the claim it made: it runs the first claim now (``runs``;
         this process owns it from here) and the others wait in the buffer for a free
@@ -648,7 +667,7 @@ class ProcessWorker:
             self._ready.extend(waiting)
             self._ready_since.update((c.id, now) for c in waiting)
         if claims and runs:
-            self._begin(slot, claims[0])
+            self._begin(slot, claims[0], started)
         with self._cv:
             job = self._delegated
             # One job, run by the child of the worker's only slot: the delegation stays
@@ -857,6 +876,7 @@ class ProcessWorker:
         # outlives them all. Starting one from another thread (the fetcher, the
         # heartbeat) would have it killed whenever that thread ended.
         parent, child = self._ctx.Pipe()
+        bell, ring = self._ctx.Pipe(duplex=False)
         proc = self._ctx.Process(
             target=child_main,
             args=(
@@ -867,14 +887,17 @@ class ProcessWorker:
                 self.dispatch.token,
                 self._stop_flag,
                 os.getpid(),
+                ring,
             ),
             name=f"lakeshore-slot-{slot.index}",
             daemon=True,
         )
         proc.start()
         child.close()
-        slot.proc, slot.conn = proc, Pipe(parent)
+        ring.close()
+        slot.proc, slot.conn, slot.bell = proc, Pipe(parent), Pipe(bell)
         slot.sent, slot.jobs, slot.killed, slot.pgid = set(), 0, None, None
+        slot.killed_for, slot.watch = None, False
         slot.recycle = False
         slot.queued.clear()
         slot.skips.clear()
@@ -892,6 +915,7 @@ class ProcessWorker:
             slot.proc.join(timeout=5)
         self._drop_claiming(slot)
         slot.conn.close()
+        slot.bell.close()
         slot.proc = None
 
     def _start(self, slot: _Slot, claim: Claim, *, behind: bool = False) -> None:
@@ -949,16 +973,18 @@ class ProcessWorker:
         # while its slot could start the next job (the parent reports meanwhile).
         return took is not None and took <= _REPORT_HERE_SECONDS
 
-    def _begin(self, slot: _Slot, claim: Claim) -> None:
-        """``claim`` is the job the slot's child runs now."""
+    def _begin(self, slot: _Slot, claim: Claim, started: float | None = None) -> None:
+        """``claim`` is the job the slot's child runs now (since ``started``, this clock's
+        time, if it was said later: a quiet word, see _pump)."""
         logs.event(
             log, "job.started", claim.id, queue=claim.queue, worker=self.worker_id,
             attempt=claim.attempt,
         )  # fmt: skip
         with self._lock:
             slot.claim = claim
-            slot.started = self._last_start = time.monotonic()
-            slot.deadline = time.monotonic() + claim.timeout if claim.timeout else None
+            slot.started = time.monotonic() if started is None else started
+            self._last_start = max(self._last_start, slot.started)
+            slot.deadline = slot.started + claim.timeout if claim.timeout else None
             slot.out, slot.out_n, slot.cancel_requested = [], 0, False
             slot.finishing = False
 
@@ -981,10 +1007,16 @@ class ProcessWorker:
 
     # ------------------------------------------------------------------ messages
     def _pump(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a child's bell, a child's end or a wake, and handle
+        them; then read what any child sent quietly (its word that it leased work, that
+        its job ended: nothing here waits on either, and a wake-up of this process on
+        the call's path would take a core the call needs)."""
         owners: dict[Any, tuple[_Slot, Any]] = {}
         for slot in self._slots:
             if slot.proc is not None:
-                owners[slot.conn] = owners[slot.proc.sentinel] = (slot, slot.proc)
+                owners[slot.bell] = owners[slot.proc.sentinel] = (slot, slot.proc)
+                if slot.watch:
+                    owners[slot.conn] = (slot, slot.proc)
         waiting: list[Any] = [*owners, self._wake_r]
         for ready in wait(waiting, timeout):
             if ready is self._wake_r:
@@ -994,27 +1026,42 @@ class ProcessWorker:
                 continue
             slot, proc = owners[ready]
             if slot.proc is not proc:
-                continue  # this child was already handled (its pipe and sentinel both fired)
-            if ready is slot.conn:
-                self._read(slot)
+                continue  # this child was already handled (its bell and sentinel both fired)
+            if ready is slot.bell:
+                with contextlib.suppress(EOFError, OSError):  # (at its end: see _read)
+                    while slot.bell.ready():
+                        slot.bell.recv_bytes()
+                # (rung before a large message is written: watched until it comes)
+                slot.watch = not self._read(slot)
+            elif ready is slot.conn:
+                slot.watch = not self._read(slot)
             elif not slot.proc.is_alive():
                 self._died(slot)
+        for slot in list(self._slots):
+            if slot.proc is not None:
+                self._read(slot)
 
-    def _read(self, slot: _Slot) -> None:
-        """Handle every message waiting on the slot's pipe (a closed pipe: it died)."""
+    def _read(self, slot: _Slot) -> bool:
+        """Handle every message waiting on the slot's pipe (a closed pipe: it died).
+        Whether there was any (or the child is gone)."""
         conn: Any = slot.conn
+        read = False
         try:
             # (a message may retire the child and spawn another: its pipe is new then)
             while slot.conn is conn and conn.ready():
-                self._message(slot, conn.recv())
+                msg = conn.recv()
+                read = True
+                self._message(slot, msg)
         except (EOFError, OSError):
             if slot.conn is conn:
                 self._died(slot)
+            return True
+        return read or slot.conn is not conn
 
     def _message(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "claimed":
-            self._claimed_in_child(slot, msg[1], msg[2], msg[3])
+            self._claimed_in_child(slot, *msg[1:])
             return
         if msg[1] in slot.skips and kind in ("skipped", "done"):
             self._skip_answered(slot, msg)
@@ -1082,7 +1129,15 @@ class ProcessWorker:
         self._record(claim, outcome, reported=reported)
 
     def _died(self, slot: _Slot) -> None:
-        """The child is gone: report its job as the reason says, then respawn it."""
+        """The child is gone: report its job as the reason says, then respawn it. What it
+        sent before it went is read first (a claim it leased and said so quietly is then
+        this process's, failed as the crash it was; a job it said it finished is not)."""
+        conn: Any = slot.conn
+        with contextlib.suppress(EOFError, OSError):
+            while slot.conn is conn and conn.ready():
+                self._message(slot, conn.recv())
+        if slot.conn is not conn or slot.proc is None:
+            return  # (a message already retired it, and respawned the slot)
         self._end_chain(slot)
         code = None
         if slot.proc is not None:
@@ -1092,6 +1147,11 @@ class ProcessWorker:
         with self._lock:
             behind = [*slot.queued, *(c for c in slot.skips.values() if c is not None)]
             slot.queued, slot.skips, slot.untold = deque(), {}, set()
+        if claim is not None and reason is not None and claim.id != slot.killed_for:
+            # (killed for the job before it, whose end was read only now: this one had
+            # barely begun, and was not what the kill was for)
+            behind.append(claim)
+            claim = None
         for waiting in behind:  # never started: hand them back untried
             with contextlib.suppress(LakeshoreError):
                 self.transport.release(waiting.id, waiting.lease_token)
@@ -1126,6 +1186,7 @@ class ProcessWorker:
 
     def _kill(self, slot: _Slot, reason: str) -> None:
         slot.killed = reason
+        slot.killed_for = None if slot.claim is None else slot.claim.id
         if slot.pgid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(slot.pgid, signal.SIGKILL)
