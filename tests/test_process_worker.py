@@ -1118,23 +1118,34 @@ def test_a_job_process_rings_before_a_word_too_large_for_the_pipe() -> None:
     assert not sending.is_alive() and got == [word]
 
 
-def test_a_job_begun_after_the_one_its_process_was_killed_for_is_handed_back(
-    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Given a slot whose job was cancelled and its process killed, which had said the
-    # job ended just before (read only now), with another job queued behind it
+def _dead_slot(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch, signum: int
+) -> tuple[ProcessWorker, Any, Any, list[tuple[str, Any]], list[str]]:
+    """A one-slot worker whose job process is gone (``signum`` ended it; no other is
+    started), stood in for by a pipe: the worker, its slot, the child's end of the pipe,
+    and the outcomes it records and the claims it hands back from then on."""
     w = ProcessWorker(dp, ["q"])
-    w._cold.set()  # (no job process is started again here)
+    w._cold.set()
     slot = w._slots[0]
     parent_end, child_end = multiprocessing.Pipe()
     bell_r, _ = multiprocessing.Pipe(duplex=False)
     slot.conn, slot.bell = Pipe(parent_end), Pipe(bell_r)
     slot.proc = SimpleNamespace(
-        join=lambda timeout=None: None,
-        exitcode=-signal.SIGKILL,
-        is_alive=lambda: False,
-        kill=lambda: None,
+        join=lambda timeout=None: None, exitcode=-signum, is_alive=lambda: False, kill=lambda: None
     )
+    recorded: list[tuple[str, Any]] = []
+    released: list[str] = []
+    monkeypatch.setattr(w, "_record", lambda c, out, **_: recorded.append((c.id, out)))
+    monkeypatch.setattr(dp.transport, "release", lambda inv_id, token: released.append(inv_id))
+    return w, slot, child_end, recorded, released
+
+
+def test_a_job_begun_after_the_one_its_process_was_killed_for_is_handed_back(
+    dp: dls.Dispatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a slot whose job was cancelled and its process killed, which had said the
+    # job ended just before (read only now), with another job queued behind it
+    w, slot, child_end, recorded, released = _dead_slot(dp, monkeypatch, signal.SIGKILL)
     first, second = (
         Claim(i, "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
         for i in ("a", "b")
@@ -1143,15 +1154,11 @@ def test_a_job_begun_after_the_one_its_process_was_killed_for_is_handed_back(
     slot.queued.append(second)
     w._kill(slot, "cancel")
     child_end.send(("done", "a", Outcome(ok=True, result=b"r"), 50.0, False, None))
-    recorded: list[tuple[str, bool]] = []
-    released: list[str] = []
-    monkeypatch.setattr(w, "_record", lambda c, out, **_: recorded.append((c.id, out.ok)))
-    monkeypatch.setattr(dp.transport, "release", lambda inv_id, token: released.append(inv_id))
     # When its parent learns of its end
     w._died(slot)
     # Then the cancelled job's outcome counts as it ended, and the one begun behind it
     # goes back untried (not dropped, its lease left to run out)
-    assert recorded == [("a", True)] and released == ["b"]
+    assert [(i, out.ok) for i, out in recorded] == [("a", True)] and released == ["b"]
 
 
 def test_a_job_process_that_dies_after_its_quiet_word_has_its_claim_failed_not_handed_back(
@@ -1159,28 +1166,18 @@ def test_a_job_process_that_dies_after_its_quiet_word_has_its_claim_failed_not_h
 ) -> None:
     # Given a one-slot worker whose job process made its claim, said quietly that it
     # leased a call (its parent has not read it yet), then died running that call
-    w = ProcessWorker(dp, ["q"])
-    w._cold.set()  # (no job process is started again here)
-    slot = w._slots[0]
-    parent_end, child_end = multiprocessing.Pipe()
-    bell_r, _ = multiprocessing.Pipe(duplex=False)
-    slot.conn, slot.bell, slot.claiming = Pipe(parent_end), Pipe(bell_r), True
-    slot.proc = SimpleNamespace(
-        join=lambda timeout=None: None, exitcode=-signal.SIGSEGV, is_alive=lambda: False
-    )
+    w, slot, child_end, recorded, released = _dead_slot(dp, monkeypatch, signal.SIGSEGV)
+    slot.claiming = True
     claim = Claim("i", "q", b"", lease_token="t", lease_expires_at=0.0, attempt=1, timeout=None)
     child_end.send(("claimed", [claim], None, True, time.monotonic()))
-    recorded: list[tuple[str, str]] = []
-    released: list[str] = []
-    monkeypatch.setattr(
-        w, "_record", lambda c, out, **_: recorded.append((c.id, out.error["type"]))
-    )
-    monkeypatch.setattr(dp.transport, "release", lambda inv_id, token: released.append(inv_id))
     # When its parent learns of its end
     w._died(slot)
     # Then the call it leased is failed as the crash it was, not handed back untried (a
     # call that crashes its job process would come back again and again)
-    assert recorded == [("i", "dreamlake.lakeshore.WorkerCrashed")] and released == []
+    assert [(i, out.error["type"]) for i, out in recorded] == [
+        ("i", "dreamlake.lakeshore.WorkerCrashed")
+    ]
+    assert released == []
 
 
 def test_failing_claims_are_told_once_with_their_reason_and_again_when_they_go_through(
