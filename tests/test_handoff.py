@@ -642,19 +642,26 @@ def test_a_hand_over_to_a_blocking_claim_wakes_no_other(
 
 
 def _handed_in_a_slow_write(
-    plane: Plane, monkeypatch: pytest.MonkeyPatch, seconds: float
+    plane: Plane, monkeypatch: pytest.MonkeyPatch, written_once: Callable[[Any], bool]
 ) -> tuple[str, list[list[Claim]]]:
-    """A claim blocking on an empty queue for 1 s is handed a call whose write takes
-    ``seconds`` (the submit returns once it is written): the call's id, and what the
-    claim answered."""
+    """A claim blocking on an empty queue for 0.3 s is handed a call whose write waits
+    until ``written_once(taker)`` holds of the claim's books entry (the submit returns
+    once it is written): the call's id, and what the claim answered."""
     monkeypatch.setattr(workers_module, "LOOK_AGAIN", 5.0)
-    thread, got = _blocking(plane, "w", wait=1.0)
-    real = plane.store.insert_many
+    thread, got = _blocking(plane, "w", wait=0.3)
+    reserved: list[Any] = []
+    reserve, insert_many = plane.changes.reserve, plane.store.insert_many
+
+    def reserving(*args: Any) -> Any:
+        taker = reserve(*args)
+        reserved.append(taker)
+        return taker
 
     def slow(invs: Any) -> Any:
-        time.sleep(seconds)
-        return real(invs)
+        wait_for(lambda: written_once(reserved[0]), 10, "the claim never got there")
+        return insert_many(invs)
 
+    monkeypatch.setattr(plane.changes, "reserve", reserving)
     monkeypatch.setattr(plane.store, "insert_many", slow)
     inv = plane.submit([Submission(new_id(), "q", PAYLOAD)])[0]
     thread.join(10)
@@ -664,9 +671,9 @@ def _handed_in_a_slow_write(
 def test_a_blocking_claim_whose_time_runs_out_while_a_call_is_handed_to_it_takes_it(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a claim blocking for 1 s, when a call is handed to it and written only once
-    # the claim's time has run out (1.5 s)
-    inv, got = _handed_in_a_slow_write(plane, monkeypatch, 1.5)
+    # Given a claim blocking for 0.3 s, when a call is handed to it and written only once
+    # the claim's time has run out (it has left its wait, and waits for the submit)
+    inv, got = _handed_in_a_slow_write(plane, monkeypatch, lambda taker: taker.thread == 0)
     # Then the claim answered with the call (it is leased to its worker: not left to a
     # claim that is gone, until its lease runs out)
     assert [c.id for c in got[0]] == [inv]
@@ -677,10 +684,10 @@ def test_a_blocking_claim_whose_time_runs_out_while_a_call_is_handed_to_it_takes
 def test_a_blocking_claim_that_gives_up_on_a_slow_hand_over_leaves_the_call_pending(
     plane: Plane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a claim blocking for 1 s that waits at most 0.2 s for a submit that reserved
-    # it, when a call is handed to it and written after it gave up on it (4 s)
+    # Given a claim blocking for 0.3 s that waits at most 0.2 s for a submit that
+    # reserved it, when a call is handed to it and written after it gave up on it
     monkeypatch.setattr(changes_module, "_RESERVED_WAIT", 0.2)
-    inv, got = _handed_in_a_slow_write(plane, monkeypatch, 4.0)
+    inv, got = _handed_in_a_slow_write(plane, monkeypatch, lambda taker: taker.abandoned)
     # Then the claim answered nothing, and the call was handed back: pending, untried
     # (not leased to a claim that is gone until its lease runs out)
     assert got == [[]]
@@ -694,15 +701,15 @@ def test_a_claim_handed_a_call_takes_no_wake_meant_for_another(
     plane: Plane, monkeypatch: pytest.MonkeyPatch, no_naps: None
 ) -> None:
     # Given three claims blocking on q, and a lone call handed to the first whose write
-    # is slow
+    # waits until the batch below is in
     claims = [_blocking(plane, f"w{n}", wait=30.0) for n in range(3)]
     real = plane.store.insert_many
-    writing = threading.Event()
+    writing, batch_in = threading.Event(), threading.Event()
 
     def slow(invs: Any) -> Any:
         if len(invs) == 1:
             writing.set()
-            time.sleep(0.5)
+            assert batch_in.wait(10)
         return real(invs)
 
     monkeypatch.setattr(plane.store, "insert_many", slow)
@@ -711,6 +718,7 @@ def test_a_claim_handed_a_call_takes_no_wake_meant_for_another(
     assert writing.wait(5)
     # When a batch of two calls is submitted meanwhile (two wakes)
     plane.submit([Submission(f"batch-{n}", "q", PAYLOAD) for n in range(2)])
+    batch_in.set()
     lone.join(10)
     # Then each claim gets a call at once: the batch's wakes went to the two claims not
     # handed the lone one (a wake taken by that one would leave a call to a nap)
