@@ -27,7 +27,6 @@ that did not reach the plane, or one the plane refused as unreadable.
 
 from __future__ import annotations
 
-import pickle
 import signal
 import sys
 import threading
@@ -43,7 +42,7 @@ from ..plane.model import Claim
 from ..wire import decode_payload
 from .execute import Outcome, read_unchecked
 from .lifeline import CommandGroups, die_with_parent
-from .pipes import Pipe
+from .pipes import Pipe, dumps
 
 __all__ = ["CHUNK", "child_main", "fn_of"]
 
@@ -67,7 +66,7 @@ class _Sent:
         self.lock = threading.Lock()
 
     def send(self, msg: tuple[Any, ...], *, quiet: bool = False) -> None:
-        data = pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
+        data = dumps(msg)
         with self.lock:
             if self.bell is None:
                 self.conn.send_bytes(data)

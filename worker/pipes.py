@@ -27,7 +27,12 @@ import select
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Pipe", "wait"]
+__all__ = ["Pipe", "dumps", "wait"]
+
+
+def dumps(msg: tuple[Any, ...]) -> bytes:
+    """A message as it goes on a pipe (:meth:`Pipe.send_bytes` sends it as it is)."""
+    return pickle.dumps(msg, pickle.HIGHEST_PROTOCOL)
 
 
 class Pipe:
@@ -43,7 +48,7 @@ class Pipe:
         return self._fd
 
     def send(self, msg: tuple[Any, ...]) -> None:
-        self.conn.send_bytes(pickle.dumps(msg, pickle.HIGHEST_PROTOCOL))
+        self.conn.send_bytes(dumps(msg))
 
     def recv(self) -> Any:
         return self.conn.recv()  # (pickle.loads of the buffer read, without a copy of it)
