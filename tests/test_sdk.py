@@ -686,6 +686,10 @@ def test_result_timeout_leaves_the_invocation_going(
         q.result(pending, timeout=0.2)
     assert not isinstance(info.value, dls.LakeshoreError)
     assert q.status(pending) == "pending"
+    # And a wait of no time (or less) answers at once, the same way
+    for no_time in (0, -1):
+        with pytest.raises(TimeoutError):
+            q.result(pending, timeout=no_time)
 
     # Given a running invocation
     workers()
