@@ -946,9 +946,9 @@ def test_requests_per_submit_claim_and_complete(
     print(
         f"\nrequests per job: submit {dict(submit)}, claim {dict(claim)}, complete {dict(complete)}"
     )
-    # Then a submit is a queue read, its payload item, the conditional put of its group
-    # and an activity touch
-    assert submit == Counter({"GetItem": jobs, "PutItem": 2 * jobs, "UpdateItem": jobs})
+    # Then a submit is a queue read, its payload item, the conditional put of its group,
+    # an activity touch and the queue's idle mark read again after the write
+    assert submit == Counter({"GetItem": 2 * jobs, "PutItem": 2 * jobs, "UpdateItem": jobs})
     # a claim is the sweep's lease queries, a queue read, one pending Query and the read
     # of the groups it names, the conditional put of the group as that read found it, an
     # activity touch (the payload item was written by this handle, which keeps it)

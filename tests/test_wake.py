@@ -654,12 +654,20 @@ def test_finishes_on_a_queue_without_a_cap_write_nothing_extra(stack: Stack) -> 
     assert stack.wake_puts() == marked  # no slot to free: the watchers keep watching
 
 
-def test_a_submit_that_makes_its_queue_wakes_it_again_after_its_write(stack: Stack) -> None:
-    """Making the queue wakes its watchers before the submit's records are written: a
-    worker that claims in between finds nothing and marks the queue idle, after the
-    submit read it unmarked. The API's submit wakes the queues it made once more."""
+@pytest.mark.parametrize("made", ["by the submit", "first, by its own request"])
+def test_a_claim_between_a_submits_read_and_its_write_is_woken_after_the_write(
+    stack: Stack, made: str
+) -> None:
+    """A worker that claims between a submit's read of the idle mark and its write finds
+    nothing, marks the queue idle and looks once more, still before the write: the
+    submit read the queue unmarked, so its first look woke no one. The plane reads the
+    mark again after the write. Both orders: the submit making its queue (which woke the
+    queue's watchers before the records existed), and the SDK's, which makes the queue
+    with a request of its own first (a worker stranded there waited out its fallback)."""
     admin = Identity("admin", "admin", ("*",))
     producer = stack.transport()
+    if made.startswith("first"):
+        producer.ensure_queue(QueueSpec("raced"))
     store: Any = stack.plane.store
     original = store.insert_many
     seen: list[str] = []
@@ -670,14 +678,24 @@ def test_a_submit_that_makes_its_queue_wakes_it_again_after_its_write(stack: Sta
         seen.append(answer["wake"]["etags"]["raced"])
         return original(invs)
 
+    ddb, s3 = stack.clients
+    reads: list[bool] = []  # (moto is always consistent: the read after the write must ask)
+
+    def note(params: dict[str, Any], **_: Any) -> None:
+        if params.get("TableName") == store.resources.queues:
+            reads.append(bool(params.get("ConsistentRead")))
+
     store.insert_many = racing
+    ddb.meta.events.register("provide-client-params.dynamodb.GetItem", note)
     try:
         producer.submit([job("raced")])
     finally:
         store.insert_many = original
-    _, s3 = stack.clients
+        ddb.meta.events.unregister("provide-client-params.dynamodb.GetItem", note)
+    assert reads and reads[-1] is True
     head = s3.head_object(Bucket=store.resources.bucket, Key=K.wake_key("raced"))
     assert head["ETag"] != seen[0]  # rewritten after the write: the worker looks now
+    assert len(producer.claim(["raced"], "w")) == 1
 
 
 def test_a_cap_set_on_this_plane_wakes_on_the_next_finish(stack: Stack) -> None:

@@ -312,15 +312,14 @@ class Service(WorkerRoutes):
                 self.plane.ensure_queue(QueueSpec(name))  # first submit creates, as in the SDK
                 created.append(name)
         try:
+            # (making a queue woke its watchers before the records exist: one that claimed
+            # in between marked it idle, which the plane's submit reads again after its write)
             ids = self.plane.submit(subs)
         except LakeshoreError:
             for name in created:  # a refused submit leaves no queue behind
                 if not any(self.plane.counts(name).values()):
                     self.plane.delete_queue(name)
             raise
-        # (making a queue woke its watchers before this submit's records were written: one
-        # that claimed in between found nothing and marked the queue idle; wake it again)
-        self.plane.wake_idle(created, marked=True)
         per_queue: dict[str, int] = {}
         for sub in subs:
             per_queue[sub.queue] = per_queue.get(sub.queue, 0) + 1

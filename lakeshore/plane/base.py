@@ -92,7 +92,9 @@ class PlaneBase:
             idle.add(name)
         return spec
 
-    def wake_idle(self, queues: Iterable[str], *, marked: bool = False) -> None:
+    def wake_idle(
+        self, queues: Iterable[str], *, marked: bool = False, consistent: bool = False
+    ) -> None:
         """New work on ``queues``, after it is written: on a store with wake objects (the
         DynamoDB + S3 plane) the workers watching an idle one's object look now, not at
         their fallback claim. A submit (for the queues its spec read found marked:
@@ -100,16 +102,18 @@ class PlaneBase:
         sweep hands on and a queue's settings changed or resumed come through here,
         whoever asks it of the plane (an API request, the ``aws://`` transport, the
         sweeper), and a finish on a queue with a running cap (:meth:`_finished`). A
-        queue not known marked is read first (an eventually consistent
-        read: a mark set a moment ago may be missed, and its workers then claim at their
-        fallback). Best effort: the write it follows stands whatever happens here; a
-        wake that fails is logged, and its queue's workers claim at their fallback."""
+        queue not known marked is read first: an eventually consistent read, which may
+        miss a mark set a moment ago (its workers then claim at their fallback), or with
+        ``consistent`` a strongly consistent one. Best effort: the write it follows stands
+        whatever happens here; a wake that fails is logged, and its queue's workers claim
+        at their fallback."""
         wakes = wake_objects(self.store)
         if wakes is None:
             return
         for name in sorted(set(queues)):
             try:
-                if (marked or wakes.queue_and_idle(name)[1]) and wakes.wake(name):
+                idle = marked or wakes.queue_and_idle(name, consistent=consistent)[1]
+                if idle and wakes.wake(name):
                     logs.event(_log, "queue.woken", queue=name)
             except Exception:
                 _log.warning(

@@ -258,9 +258,12 @@ class WakeObjects(Protocol):
     rewrites the object (:meth:`wake`), so a busy queue's submits write nothing extra.
     """
 
-    def queue_and_idle(self, name: str) -> tuple[QueueSpec | None, bool]:
+    def queue_and_idle(
+        self, name: str, *, consistent: bool = False
+    ) -> tuple[QueueSpec | None, bool]:
         """The queue's spec (None if it does not exist) and whether it is marked idle,
-        in one read."""
+        in one read; ``consistent``: a read that sees every write made before it began
+        (a mark set a moment ago), else one that may miss it."""
         ...
 
     def mark_idle(self, name: str, now: float) -> tuple[str, bool]:

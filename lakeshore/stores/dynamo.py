@@ -207,18 +207,17 @@ class DynamoStore(DynamoIndexes):
         return self._queue_read(name)[0]
 
     # --- wake objects (plane.store.WakeObjects) -------------------------------------------
-    def queue_and_idle(self, name: str) -> tuple[QueueSpec | None, bool]:
-        """The spec and the idle mark, read as :meth:`get_queue` reads (the same read).
+    def queue_and_idle(
+        self, name: str, *, consistent: bool = False
+    ) -> tuple[QueueSpec | None, bool]:
+        """The spec and the idle mark, read as :meth:`get_queue` reads (the same read),
+        or strongly (``consistent``): the read a submit makes again after its write, so
+        that a mark a claim set after the first read is seen (see ``ProducerOps.submit``)."""
+        return self._queue_read(name, consistent)
 
-        An eventually consistent read may miss a mark set a moment ago: that submit
-        wakes no one, and the idle workers find its work at their next fallback claim
-        (the claim that set the mark looks for work once more after setting it, which
-        narrows the window to a submit read and written within that claim)."""
-        return self._queue_read(name)
-
-    def _queue_read(self, name: str) -> tuple[QueueSpec | None, bool]:
+    def _queue_read(self, name: str, strong: bool = False) -> tuple[QueueSpec | None, bool]:
         key = {K.Q_NAME: {"S": name}}
-        for consistent in (False, True):
+        for consistent in (True,) if strong else (False, True):
             out = self._ddb.get_item(TableName=self._queues, Key=key, ConsistentRead=consistent)
             if "Item" in out:
                 return _spec(out["Item"]), K.Q_IDLE in out["Item"]
