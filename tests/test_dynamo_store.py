@@ -962,6 +962,66 @@ def test_requests_per_submit_claim_and_complete(
 
 
 # =======================================================================================
+# A claim that fails after it leased
+# =======================================================================================
+
+
+def _failing(store: DynamoStore, method: str, when: Callable[..., bool]) -> None:
+    """``store.<method>`` raises DynamoDB's refusal (what botocore gives up with) when
+    ``when(*args)``."""
+    from dreamlake.lakeshore.handlers.aws import StoreUnavailable
+
+    real = getattr(store, method)
+
+    def failing(*args: Any, **kw: Any) -> Any:
+        if when(*args):
+            raise StoreUnavailable("DynamoDB refused: ThrottlingException")
+        return real(*args, **kw)
+
+    setattr(store, method, failing)
+
+
+@pytest.mark.parametrize("fails", ["the next queue's read", "the activity touch"])
+def test_a_claim_that_fails_after_it_leased_answers_what_it_leased(
+    store: DynamoStore, clock: FakeClock, fails: str
+) -> None:
+    """A store without transactions keeps the leases a claim wrote before a later step
+    failed: raising would leave them leased to a request that failed (its retry leases
+    others) until they run out. The claim answers what it leased instead."""
+    # Given two calls on one queue, and a store that fails after the claim leased them
+    plane = Plane(store, clock=clock)
+    for name in ("first", "second"):
+        plane.ensure_queue(QueueSpec(name))
+    plane.submit([Submission(f"j{n}", "first", b"x") for n in range(2)])
+    if fails == "the next queue's read":
+        _failing(store, "get_queue", lambda name: name == "second")
+    else:
+        _failing(store, "touch_queue", lambda *_: True)
+        clock.advance(2)  # (a plane touches a queue at most once a second)
+    # When a worker claims on both queues
+    claims = plane.claim(["first", "second"], "w", limit=5)
+    # Then it has both calls, leased to it and to nobody else
+    assert sorted(c.id for c in claims) == ["j0", "j1"]
+    for c in claims:
+        rec = plane.get(c.id)
+        assert (rec.state, rec.lease_token) == (State.RUNNING, c.lease_token)
+
+
+def test_a_claim_that_fails_before_it_leased_anything_says_so(
+    store: DynamoStore, clock: FakeClock
+) -> None:
+    from dreamlake.lakeshore.handlers.aws import StoreUnavailable
+
+    plane = Plane(store, clock=clock)
+    plane.ensure_queue(QueueSpec("first"))
+    plane.submit([Submission("j0", "first", b"x")])
+    _failing(store, "get_queue", lambda name: True)
+    with pytest.raises(StoreUnavailable):
+        plane.claim(["first"], "w")
+    assert plane.get("j0").state is State.PENDING
+
+
+# =======================================================================================
 # A retried request
 # =======================================================================================
 

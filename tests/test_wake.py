@@ -584,6 +584,34 @@ def test_a_wake_that_fails_loses_nothing_and_is_tried_again(
     assert len(t.claim(["shaky"], "w", limit=2)) == 2
 
 
+def test_a_claim_answers_its_leases_when_reading_the_pauses_fails(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pauses are read after the claim leased its calls: a failed read answers them
+    (leased to this worker) instead of failing a request whose leases would then stand
+    until they run out."""
+    admin = Identity("admin", "admin", ("*",))
+    t = stack.transport()
+    t.ensure_queue(QueueSpec("flagged"))
+    (inv_id,) = t.submit([job("flagged")])
+
+    real = stack.service.pauses.paused
+    reads: list[object] = []
+
+    def unreadable(*args: Any, **kw: Any) -> set[str]:  # (the read after the lease fails)
+        reads.append(args)
+        if len(reads) > 1:
+            raise OSError("the flags' store is down")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(stack.service.pauses, "paused", unreadable)
+    answer = stack.service.claim(admin, {"queues": ["flagged"], "worker": "w"})
+    (claim,) = answer["claims"]
+    assert claim["id"] == inv_id
+    assert stack.plane.get(inv_id).lease_token == claim["lease_token"]
+    assert len(reads) == 2
+
+
 def test_a_claim_made_on_a_resume_is_not_answered_from_a_cached_pause(stack: Stack) -> None:
     # Given two API processes over one plane (two Lambda instances), the worker's claims
     # going to one, the operator's requests to the other

@@ -150,9 +150,18 @@ class WorkerRoutes:
     def _claimed(self, claims: list[Any], worker: str) -> dict[str, Any]:
         if claims:
             # A queue paused while this claim waited hands its claims straight back.
-            paused_now = self.pauses.paused({c.queue for c in claims})
+            # (Leased already: an error here answers them rather than leaving them leased
+            # to a failed request until their leases run out.)
+            try:
+                paused_now = self.pauses.paused({c.queue for c in claims})
+            except Exception:
+                _log.warning("reading the queues' pauses failed; answering", exc_info=True)
+                paused_now = set()
             for c in [c for c in claims if c.queue in paused_now]:
-                self.plane.release(c.id, c.lease_token)
+                try:
+                    self.plane.release(c.id, c.lease_token)
+                except Exception:  # (held until its lease runs out, then pending, paused)
+                    _log.warning("handing back %s failed", c.id, exc_info=True)
             claims = [c for c in claims if c.queue not in paused_now]
         for c in claims:
             self.metrics.claimed(c.queue)

@@ -217,21 +217,39 @@ class WorkerOps(PlaneBase):
         claims: list[Claim] = []
         with self.batch(limit > 1):
             for name in queues:
-                spec = self.store.get_queue(name)
-                if spec is None:
-                    continue
-                if capped is not None:
-                    capped.append(running_cap(spec) is not None)
-                more, short = True, False
-                while more and len(claims) < limit:
-                    got, more, short = self._claim_from(
-                        spec, worker, limit - len(claims), lease_seconds
+                try:
+                    spec = self.store.get_queue(name)
+                    if spec is None:
+                        continue
+                    if capped is not None:
+                        capped.append(running_cap(spec) is not None)
+                    more, short = True, False
+                    while more and len(claims) < limit:
+                        got, more, short = self._claim_from(
+                            spec, worker, limit - len(claims), lease_seconds
+                        )
+                        claims.extend(got)
+                    if drained is not None:
+                        drained.append(short)
+                except Exception:
+                    if not claims:
+                        raise
+                    # What it leased is answered, not left leased to a claim that failed
+                    # until the leases run out; the next claim looks at the rest.
+                    _log.warning(
+                        "a claim ended early at queue %r; answering the %d calls it leased",
+                        name,
+                        len(claims),
+                        exc_info=True,
                     )
-                    claims.extend(got)
-                if drained is not None:
-                    drained.append(short)
+                    if drained is not None:
+                        drained.append(False)  # (not known: no later look is left out)
+                    break
         for name in {c.queue for c in claims}:
-            self._touch(name, self.clock.now())
+            try:
+                self._touch(name, self.clock.now())
+            except Exception:  # (bookkeeping: the leases stand and are answered)
+                _log.warning("recording activity on queue %r failed", name, exc_info=True)
         return claims
 
     def _claim_from(
@@ -270,7 +288,10 @@ class WorkerOps(PlaneBase):
             if lost and cap is not None and self._at_cap(spec.name, cap):
                 break
         if boltzmann and got:
-            self.store.queue_counter(spec.name, len(got))
+            try:
+                self.store.queue_counter(spec.name, len(got))
+            except Exception:  # (the temperature's clock lags a little; the leases stand)
+                _log.warning("counting queue %r's claims failed", spec.name, exc_info=True)
         short = len(candidates) < fetch and not lost_any
         return got, bool(got) and not short, short
 
