@@ -981,26 +981,32 @@ def _failing(store: DynamoStore, method: str, when: Callable[..., bool]) -> None
     setattr(store, method, failing)
 
 
-@pytest.mark.parametrize("fails", ["the next queue's read", "the activity touch"])
+@pytest.mark.parametrize(
+    "fails", ["the next queue's read", "the activity touch", "a later lease under a cap"]
+)
 def test_a_claim_that_fails_after_it_leased_answers_what_it_leased(
     store: DynamoStore, clock: FakeClock, fails: str
 ) -> None:
     """A store without transactions keeps the leases a claim wrote before a later step
     failed: raising would leave them leased to a request that failed (its retry leases
     others) until they run out. The claim answers what it leased instead."""
-    # Given two calls on one queue, and a store that fails after the claim leased them
+    # Given calls on one queue, and a store that fails after the claim leased some
     plane = Plane(store, clock=clock)
-    for name in ("first", "second"):
-        plane.ensure_queue(QueueSpec(name))
-    plane.submit([Submission(f"j{n}", "first", b"x") for n in range(2)])
+    capped = {"kind": "fixed", "max": 5} if fails.endswith("cap") else None
+    plane.ensure_queue(QueueSpec("first", elasticity=capped))
+    plane.ensure_queue(QueueSpec("second"))
+    plane.submit([Submission(f"j{n}", "first", b"x") for n in range(3 if capped else 2)])
     if fails == "the next queue's read":
         _failing(store, "get_queue", lambda name: name == "second")
-    else:
+    elif fails == "the activity touch":
         _failing(store, "touch_queue", lambda *_: True)
         clock.advance(2)  # (a plane touches a queue at most once a second)
+    else:  # (under a cap a claim leases one call at a time: the third write fails)
+        writes: list[object] = []
+        _failing(store, "update_many_if", lambda *a: bool(writes.append(a)) or len(writes) > 2)
     # When a worker claims on both queues
     claims = plane.claim(["first", "second"], "w", limit=5)
-    # Then it has both calls, leased to it and to nobody else
+    # Then it has the calls it leased, leased to it and to nobody else
     assert sorted(c.id for c in claims) == ["j0", "j1"]
     for c in claims:
         rec = plane.get(c.id)

@@ -281,12 +281,19 @@ class WorkerOps(PlaneBase):
             chunk = list(islice(rest, 1 if cap is not None else want - len(got)))
             if not chunk:
                 break
-            leased = self._lease_many(chunk, worker, now, lease_seconds, cap)
-            got.extend(leased)
-            lost = len(leased) < len(chunk)  # a race lost: the next ones are tried
-            lost_any = lost_any or lost
-            if lost and cap is not None and self._at_cap(spec.name, cap):
-                break
+            try:
+                leased = self._lease_many(chunk, worker, now, lease_seconds, cap)
+                got.extend(leased)
+                lost = len(leased) < len(chunk)  # a race lost: the next ones are tried
+                lost_any = lost_any or lost
+                if lost and cap is not None and self._at_cap(spec.name, cap):
+                    break
+            except Exception:
+                if not got:
+                    raise
+                # (the leases of the chunks before stand: answered, see _claim_now)
+                _log.warning("a claim on queue %r ended early", spec.name, exc_info=True)
+                return got, False, False
         if boltzmann and got:
             try:
                 self.store.queue_counter(spec.name, len(got))
