@@ -389,10 +389,22 @@ def run_lakeshore_fresh(system: str, workloads: list[str], sz: Sizes, cap: float
     the rounds before it (where embedded B came out 0.02 to 0.04 ms slower)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system]
     cmd += ["--only", ",".join(workloads), "--d-cap", str(cap), "--sizes", json.dumps(vars(sz))]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{system} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            out, err = child.communicate(timeout=3600)
+        except BaseException:
+            # (a hang or a stop: the child stops its stack as a Ctrl-C stops it — its
+            # server, workers and proxy were started in sessions of their own — then goes)
+            child.send_signal(signal.SIGINT)
+            try:
+                child.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.communicate()
+            raise
+    if child.returncode != 0:
+        raise RuntimeError(f"{system} exited {child.returncode}:\n{err[-3000:]}")
+    return dict(json.loads(out.strip().splitlines()[-1]))
 
 
 def run_lakeshore(system: str, workloads: list[str], sz: Sizes, cap: float) -> dict[str, Any]:

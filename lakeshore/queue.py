@@ -307,9 +307,13 @@ class _QueueHandle:
             with contextlib.suppress(RuntimeError):  # (told twice: released already)
                 done.release()
 
+        if timeout is None or timeout >= threading.TIMEOUT_MAX:
+            blocking = -1.0  # (as long as it takes; a lock refuses a longer timeout)
+        else:
+            blocking = timeout if timeout > 0 else 0.0  # (NaN too: no wait, as Event's)
         unwatch = self.dispatch.transport.watch([inv_id], on_done)
         try:
-            if not done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
+            if not done.acquire(timeout=blocking):
                 raise TimeoutError(
                     f"invocation {inv_id!r} did not finish within {timeout}s (it keeps going)"
                 )

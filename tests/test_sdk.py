@@ -686,14 +686,16 @@ def test_result_timeout_leaves_the_invocation_going(
         q.result(pending, timeout=0.2)
     assert not isinstance(info.value, dls.LakeshoreError)
     assert q.status(pending) == "pending"
-    # And a wait of no time (or less) answers at once, the same way
-    for no_time in (0, -1):
+    # And a wait of no time (or less, or not a number) answers at once, the same way
+    for no_time in (0, -1, float("nan")):
         with pytest.raises(TimeoutError):
             q.result(pending, timeout=no_time)
 
     # Given a running invocation
     workers()
     assert q.result(pending, timeout=WAIT) == 32
+    # (a finished one answers a wait of any length, one past what a lock can time, too)
+    assert q.result(pending, timeout=float("inf")) == q.result(pending, timeout=1e300) == 32
     gate = Gate()
     running = q.submit(held, gate.key, ["eventually"])
     gate.wait_started()

@@ -92,9 +92,7 @@ class PlaneBase:
             idle.add(name)
         return spec
 
-    def wake_idle(
-        self, queues: Iterable[str], *, marked: bool = False, consistent: bool = False
-    ) -> None:
+    def wake_idle(self, queues: Iterable[str], *, marked: bool = False) -> None:
         """New work on ``queues``, after it is written: on a store with wake objects (the
         DynamoDB + S3 plane) the workers watching an idle one's object look now, not at
         their fallback claim. A submit (for the queues its spec read found marked:
@@ -102,17 +100,19 @@ class PlaneBase:
         sweep hands on and a queue's settings changed or resumed come through here,
         whoever asks it of the plane (an API request, the ``aws://`` transport, the
         sweeper), and a finish on a queue with a running cap (:meth:`_finished`). A
-        queue not known marked is read first: an eventually consistent read, which may
-        miss a mark set a moment ago (its workers then claim at their fallback), or with
-        ``consistent`` a strongly consistent one. Best effort: the write it follows stands
-        whatever happens here; a wake that fails is logged, and its queue's workers claim
-        at their fallback."""
+        queue not known marked is read first, strongly: a claim that finds nothing sets
+        the mark, then looks once more, so a mark set before this read began must be
+        seen — that claim's look may have been made before the write this wake follows
+        (an eventually consistent read could miss it, and the queue's workers would wait
+        out their fallback claim). Best effort: the write it follows stands whatever
+        happens here; a wake that fails is logged, and its queue's workers claim at their
+        fallback."""
         wakes = wake_objects(self.store)
         if wakes is None:
             return
         for name in sorted(set(queues)):
             try:
-                idle = marked or wakes.queue_and_idle(name, consistent=consistent)[1]
+                idle = marked or wakes.queue_and_idle(name, consistent=True)[1]
                 if idle and wakes.wake(name):
                     logs.event(_log, "queue.woken", queue=name)
             except Exception:

@@ -86,7 +86,7 @@ class ProducerOps(PlaneBase):
         # did both between this submit's read of the mark and its write was woken by no
         # one above, and its workers would wait out their fallback claim (120 s): the
         # other queues' marks are read again, strongly, now that the records exist.
-        self.wake_idle(set(specs) - idle, consistent=True)
+        self.wake_idle(set(specs) - idle)
         for inv, found in zip(invs, existing, strict=True):
             if found is not None and found.request_digest != inv.request_digest:
                 raise IdempotencyConflict(f"invocation {inv.id!r} exists with a different request")

@@ -225,17 +225,18 @@ class WorkerOps(PlaneBase):
                         capped.append(running_cap(spec) is not None)
                     more, short = True, False
                     while more and len(claims) < limit:
-                        got, more, short = self._claim_from(
-                            spec, worker, limit - len(claims), lease_seconds
+                        more, short = self._claim_from(
+                            spec, worker, limit - len(claims), lease_seconds, claims
                         )
-                        claims.extend(got)
                     if drained is not None:
                         drained.append(short)
                 except Exception:
                     if not claims:
                         raise
                     # What it leased is answered, not left leased to a claim that failed
-                    # until the leases run out; the next claim looks at the rest.
+                    # until the leases run out; the next claim looks at the rest. (It ends
+                    # here: on SQLite an error may have rolled the batch's transaction
+                    # back, and its commit then fails the claim with nothing leased.)
                     _log.warning(
                         "a claim ended early at queue %r; answering the %d calls it leased",
                         name,
@@ -253,13 +254,15 @@ class WorkerOps(PlaneBase):
         return claims
 
     def _claim_from(
-        self, spec: QueueSpec, worker: str, want: int, lease_seconds: float
-    ) -> tuple[list[Claim], bool, bool]:
-        """One pass over the head of one queue: what it leased, whether another pass
-        may find more (not when it leased nothing, nor when the read came back short and
-        every lease held: the queue had no more then, and what arrived since woke the
-        claim's wait), and whether it left nothing due on the queue (the read came back
-        short and no lease was lost to another claim)."""
+        self, spec: QueueSpec, worker: str, want: int, lease_seconds: float, got: list[Claim]
+    ) -> tuple[bool, bool]:
+        """One pass over the head of one queue, adding what it leases to ``got`` as each
+        lease is written (so a later step that fails leaves them answered, see
+        :meth:`_claim_now`): whether another pass may find more (not when it leased
+        nothing, nor when the read came back short and every lease held: the queue had
+        no more then, and what arrived since woke the claim's wait), and whether it left
+        nothing due on the queue (the read came back short and no lease was lost to
+        another claim)."""
         now = self.clock.now()
         cap = running_cap(spec)
         boltzmann = spec.kind == "boltzmann"
@@ -272,35 +275,29 @@ class WorkerOps(PlaneBase):
             ordered: Iterable[Invocation] = boltzmann_order(candidates, temp, self._rng)
         else:
             ordered = candidates
-        got: list[Claim] = []
         rest = iter(ordered)
         lost_any = False
-        while len(got) < want:
+        start = len(got)
+        while (taken := len(got) - start) < want:
             # Without a cap, the next as many as are still wanted at once; under a cap,
             # one at a time (a refusal may mean the cap is full).
-            chunk = list(islice(rest, 1 if cap is not None else want - len(got)))
+            chunk = list(islice(rest, 1 if cap is not None else want - taken))
             if not chunk:
                 break
+            leased = self._lease_many(chunk, worker, now, lease_seconds, cap)
+            got.extend(leased)
+            lost = len(leased) < len(chunk)  # a race lost: the next ones are tried
+            lost_any = lost_any or lost
+            if lost and cap is not None and self._at_cap(spec.name, cap):
+                break
+        taken = len(got) - start
+        if boltzmann and taken:
             try:
-                leased = self._lease_many(chunk, worker, now, lease_seconds, cap)
-                got.extend(leased)
-                lost = len(leased) < len(chunk)  # a race lost: the next ones are tried
-                lost_any = lost_any or lost
-                if lost and cap is not None and self._at_cap(spec.name, cap):
-                    break
-            except Exception:
-                if not got:
-                    raise
-                # (the leases of the chunks before stand: answered, see _claim_now)
-                _log.warning("a claim on queue %r ended early", spec.name, exc_info=True)
-                return got, False, False
-        if boltzmann and got:
-            try:
-                self.store.queue_counter(spec.name, len(got))
+                self.store.queue_counter(spec.name, taken)
             except Exception:  # (the temperature's clock lags a little; the leases stand)
                 _log.warning("counting queue %r's claims failed", spec.name, exc_info=True)
         short = len(candidates) < fetch and not lost_any
-        return got, bool(got) and not short, short
+        return bool(taken) and not short, short
 
     def _at_cap(self, queue: str, cap: int) -> bool:
         return self.store.running(queue) >= cap

@@ -245,6 +245,15 @@ def _batch_update_sql(
     )
 
 
+def _rolled_back() -> sqlite3.OperationalError:
+    """A :meth:`SqliteStore.transaction` that SQLite rolled back whole on an error (a
+    full disk, an I/O error) its block went past: none of the block's writes stand."""
+    return sqlite3.OperationalError(
+        "the batch's transaction was rolled back by SQLite after an error: nothing of it"
+        " was written"
+    )
+
+
 def _not_inserted(inv_id: str) -> ValueError:
     # (INSERT OR IGNORE also passes over a row that breaks a NOT NULL constraint)
     return ValueError(
@@ -441,6 +450,8 @@ class SqliteStore:
             if self._depth and not self._begun:
                 self._db.execute("BEGIN IMMEDIATE")  # the group's first write
                 self._begun = True
+            elif self._depth and not self._db.in_transaction:
+                raise _rolled_back()  # (not in autocommit: its writes would stand alone)
             if self._depth and single:
                 yield self._db
                 return
@@ -487,6 +498,8 @@ class SqliteStore:
                 self._depth = 0
                 if self._begun:
                     self._begun = False
+                    if not self._db.in_transaction:
+                        raise _rolled_back()
                     self._db.execute("COMMIT")
 
     # --- queues -------------------------------------------------------------
