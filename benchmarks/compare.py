@@ -389,7 +389,12 @@ def run_lakeshore_fresh(system: str, workloads: list[str], sz: Sizes, cap: float
     the rounds before it (where embedded B came out 0.02 to 0.04 ms slower)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one", system]
     cmd += ["--only", ",".join(workloads), "--d-cap", str(cap), "--sizes", json.dumps(vars(sz))]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+    # (a session of its own: a Ctrl-C reaches it once, from here, not also from the
+    # terminal while it stops its stack)
+    out_err = subprocess.PIPE
+    with subprocess.Popen(
+        cmd, stdout=out_err, stderr=out_err, text=True, start_new_session=True
+    ) as child:
         try:
             out, err = child.communicate(timeout=3600)
         except BaseException:

@@ -287,12 +287,17 @@ class _QueueHandle:
 
     def _wait_sync(self, inv_id: str, timeout: float | None) -> Invocation:
         _send_open_batch()
+        asked = timeout
+        if timeout is not None and timeout >= threading.TIMEOUT_MAX:
+            timeout = None  # (as long as it takes: no clock or lock times a longer wait)
+        elif timeout is not None and not timeout > 0:
+            timeout = 0.0  # (less than none, or not a number: one look, no wait)
         here = getattr(self.dispatch.transport, "wait_here", None)
         if here is not None:  # a remote plane: long-poll from this thread
             rec: Invocation | None = here(inv_id, timeout)
             if rec is None:
                 raise TimeoutError(
-                    f"invocation {inv_id!r} did not finish within {timeout}s (it keeps going)"
+                    f"invocation {inv_id!r} did not finish within {asked}s (it keeps going)"
                 )
             return rec
         box: list[Invocation] = []
@@ -307,15 +312,11 @@ class _QueueHandle:
             with contextlib.suppress(RuntimeError):  # (told twice: released already)
                 done.release()
 
-        if timeout is None or timeout >= threading.TIMEOUT_MAX:
-            blocking = -1.0  # (as long as it takes; a lock refuses a longer timeout)
-        else:
-            blocking = timeout if timeout > 0 else 0.0  # (NaN too: no wait, as Event's)
         unwatch = self.dispatch.transport.watch([inv_id], on_done)
         try:
-            if not done.acquire(timeout=blocking):
+            if not done.acquire(timeout=-1 if timeout is None else timeout):
                 raise TimeoutError(
-                    f"invocation {inv_id!r} did not finish within {timeout}s (it keeps going)"
+                    f"invocation {inv_id!r} did not finish within {asked}s (it keeps going)"
                 )
         finally:
             unwatch()

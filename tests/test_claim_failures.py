@@ -78,3 +78,35 @@ def test_a_claim_whose_transaction_sqlite_rolled_back_fails_having_leased_nothin
     assert set(_states(plane).values()) == {State.PENDING}
     # And the plane goes on: the next claim takes them
     assert len(plane.claim(["a", "b"], "w", limit=5)) == 5
+
+
+def test_a_claim_whose_commit_fails_leaves_nothing_leased_and_the_store_usable(
+    plane: Plane,
+) -> None:
+    # Given a plane file whose next COMMIT is refused (as a failing disk would)
+    store: Any = plane.store
+    refused = [True]
+
+    def authorizer(action: int, arg: str | None, *_: Any) -> int:
+        if action == sqlite3.SQLITE_TRANSACTION and arg == "COMMIT" and refused[0]:
+            refused[0] = False
+            return sqlite3.SQLITE_DENY
+        return sqlite3.SQLITE_OK
+
+    store._db.set_authorizer(authorizer)
+    # When a claim of many fails at its commit
+    with pytest.raises(sqlite3.DatabaseError):
+        plane.claim(["b"], "w", limit=2)
+    # Then the connection is not left inside the failed transaction: another connection
+    # sees nothing leased, and the next claims lease and commit as usual
+    assert not store._db.in_transaction
+    other = sqlite3.connect(store.path)
+    try:
+        rows = other.execute("SELECT count(*) FROM invocations WHERE state = 'running'")
+        assert rows.fetchone() == (0,)
+        assert len(plane.claim(["b"], "w", limit=2)) == 2
+        assert len(plane.claim(["a"], "w")) == 1
+        rows = other.execute("SELECT count(*) FROM invocations WHERE state = 'running'")
+        assert rows.fetchone() == (3,)
+    finally:
+        other.close()

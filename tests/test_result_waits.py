@@ -5,6 +5,7 @@ On the embedded plane and over HTTP (``lakeshore serve``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -175,6 +176,20 @@ def test_a_result_finished_before_a_zero_timeout_wait_is_returned(dp: dls.Dispat
         return list(await asyncio.gather(*(q.result(i, timeout=0) for i in ids)))
 
     assert asyncio.run(gather()) == [0, 1, 2, 3]
+
+
+def test_a_blocking_wait_takes_any_timeout_a_number_can_say(dp: dls.Dispatch) -> None:
+    """result() of a finished call answers whatever the timeout, one past what a clock
+    or a lock can time too; a pending one gives up at once for no time, less, or NaN."""
+    _, sq, (done,) = done_calls(dp, 1)
+    for forever in (float("inf"), 1e300, None):
+        assert sq.result(done, timeout=forever) == 0
+    pending = sq.submit("builtins:abs", -1)
+    for no_time in (0, -1.0, float("nan")):
+        began = time.monotonic()
+        with pytest.raises(TimeoutError):
+            sq.result(pending, timeout=no_time)
+        assert time.monotonic() - began < 5  # (NaN once polled the plane forever)
 
 
 def test_waits_with_no_time_to_wait_read_the_plane_once_a_turn(

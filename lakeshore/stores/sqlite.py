@@ -461,28 +461,45 @@ class SqliteStore:
                 try:
                     yield self._db
                 except BaseException:
-                    self._db.execute("ROLLBACK TO step")
-                    self._db.execute("RELEASE step")
+                    if self._db.in_transaction:  # (else SQLite rolled it all back: see below)
+                        self._db.execute("ROLLBACK TO step")
+                        self._db.execute("RELEASE step")
                     raise
                 finally:
                     self._depth -= 1
+                if not self._db.in_transaction:
+                    raise _rolled_back()
                 self._db.execute("RELEASE step")
                 return
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
             except BaseException:
-                self._db.execute("ROLLBACK")
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
                 raise
+            self._commit()
+
+    def _commit(self) -> None:
+        """COMMIT (lock held); one that fails is rolled back, so the connection is never
+        left inside a transaction whose writes no other connection sees."""
+        try:
             self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
         """Group the writes of the block into one transaction (one commit): what a batch
         of completions or a claim of many takes. Each write inside is a savepoint that
-        stands on its own, as without the block (the plane has already told waiters of
-        it), so the block commits what succeeded even when it ends with an exception.
-        Other threads wait for the block to end.
+        stands on its own, as without the block, so the block commits what succeeded
+        even when it ends with an exception — unless SQLite rolled the whole transaction
+        back on an error (a full disk, an I/O error, an interrupt): then nothing of it
+        stands, a write after it raises instead of writing alone, and a block that went
+        past the error raises at its end. A commit that fails is rolled back. Other
+        threads wait for the block to end.
 
         The transaction begins at the block's first write: what the block reads before
         it reads as outside one (a claim that finds nothing takes no write lock and
@@ -492,15 +509,19 @@ class SqliteStore:
                 yield
                 return
             self._depth = 1
+            ended = False
             try:
                 yield
+                ended = True
             finally:
                 self._depth = 0
                 if self._begun:
                     self._begun = False
-                    if not self._db.in_transaction:
+                    if self._db.in_transaction:
+                        self._commit()
+                    elif ended:
                         raise _rolled_back()
-                    self._db.execute("COMMIT")
+                    # (else the error in flight is the one SQLite rolled back for)
 
     # --- queues -------------------------------------------------------------
     @contextmanager
